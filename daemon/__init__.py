@@ -1,0 +1,1 @@
+"""The migration daemon: read counts, ask a policy, move pages within budget and rate."""

@@ -1,0 +1,139 @@
+"""Per-page state the daemon keeps, as numpy arrays (32 bytes per tracked unit).
+
+A unit is a 4 KiB page or a 2 MiB huge mapping (npages 512). Units are kept sorted by
+``key = (target << 48) | (addr >> 12)`` so that merging an interval's sample is a
+searchsorted, not a Python loop.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pagetier.profiler.base import Sample
+
+NEVER = np.iinfo(np.int32).min
+
+# flags
+F_PRESENT = 1  # seen in the target's last complete sample
+
+DTYPE = np.dtype(
+    [
+        ("addr", np.uint64),  # start address of the unit
+        ("heat", np.float32),  # decayed access count
+        ("count", np.uint32),  # accesses in the last interval
+        ("last_access", np.int32),  # interval of the last access, NEVER if none
+        ("last_move", np.int32),  # interval of the last migration, NEVER if none
+        ("target", np.uint16),  # index of the target process (see PageState.pids)
+        ("npages", np.uint16),  # 4 KiB pages in the unit
+        ("moves", np.uint16),  # migrations of this unit
+        ("node", np.int8),  # NUMA node, -1 unknown
+        ("flags", np.uint8),
+    ]
+)
+assert DTYPE.itemsize == 32
+
+
+def _keys(target: int | np.ndarray, addr: np.ndarray) -> np.ndarray:
+    return (np.asarray(target, np.uint64) << np.uint64(48)) | (addr >> np.uint64(12))
+
+
+class PageState:
+    """Sorted structured array of units; columns are exposed as attributes (views)."""
+
+    def __init__(self, decay: float = 0.5):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.a = np.zeros(0, DTYPE)
+        self.pids: list[int] = []  # target index -> pid
+        self.interval = 0
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def __getattr__(self, col):
+        # columns as views: state.heat, state.node, ...
+        if col in DTYPE.names:
+            return self.__dict__["a"][col]
+        raise AttributeError(col)
+
+    @property
+    def nbytes(self) -> int:
+        return self.a.nbytes
+
+    def target_index(self, pid: int) -> int:
+        if pid not in self.pids:
+            self.pids.append(pid)
+        return self.pids.index(pid)
+
+    def begin_interval(self) -> None:
+        """Decay heat and clear last-interval counts once per interval, before updates."""
+        self.interval += 1
+        self.a["heat"] *= np.float32(self.decay)
+        self.a["count"] = 0
+
+    def update(self, sample: Sample) -> None:
+        """Merge one target's sample for the current interval."""
+        t = self.target_index(sample.pid)
+        order = np.argsort(sample.addr, kind="stable")
+        addr = sample.addr[order].astype(np.uint64)
+        count = sample.count[order]
+        node = sample.node[order]
+        npages = sample.npages[order]
+        keys = _keys(t, addr)
+        mine = self.a["target"] == t
+        if sample.complete:
+            # Units of this target absent from a complete sample are gone (unmapped).
+            self.a["flags"][mine] &= ~np.uint8(F_PRESENT)
+        all_keys = _keys(self.a["target"], self.a["addr"])
+        pos = np.searchsorted(all_keys, keys)
+        found = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == keys)
+        # existing units
+        idx = pos[found]
+        self.a["count"][idx] = count[found]
+        self.a["heat"][idx] += count[found].astype(np.float32)
+        self.a["node"][idx] = node[found]
+        self.a["npages"][idx] = npages[found]
+        self.a["flags"][idx] |= np.uint8(F_PRESENT)
+        acc = idx[count[found] > 0]
+        self.a["last_access"][acc] = self.interval
+        # new units
+        new = ~found
+        if new.any():
+            n = np.zeros(int(new.sum()), DTYPE)
+            n["addr"] = addr[new]
+            n["count"] = count[new]
+            n["heat"] = count[new]
+            n["last_access"] = np.where(count[new] > 0, self.interval, NEVER)
+            n["last_move"] = NEVER
+            n["target"] = t
+            n["npages"] = npages[new]
+            n["node"] = node[new]
+            n["flags"] = F_PRESENT
+            merged = np.concatenate([self.a, n])
+            self.a = merged[np.argsort(_keys(merged["target"], merged["addr"]), kind="stable")]
+        if sample.complete:
+            self.a = self.a[(self.a["target"] != t) | (self.a["flags"] & F_PRESENT != 0)]
+
+    def forget_target(self, pid: int) -> None:
+        if pid in self.pids:
+            self.a = self.a[self.a["target"] != self.pids.index(pid)]
+
+    def forget(self, idx: np.ndarray) -> None:
+        keep = np.ones(len(self.a), bool)
+        keep[idx] = False
+        self.a = self.a[keep]
+
+    def pages_on(self, node: int) -> int:
+        """4 KiB pages tracked on ``node``."""
+        return int(self.a["npages"][self.a["node"] == node].sum(dtype=np.int64))
+
+    def record_moves(self, idx: np.ndarray, node: int) -> None:
+        self.a["node"][idx] = node
+        self.a["last_move"][idx] = self.interval
+        self.a["moves"][idx] = np.minimum(self.a["moves"][idx].astype(np.int64) + 1, 65535)
+
+    def addresses(self, idx: np.ndarray) -> np.ndarray:
+        return self.a["addr"][idx]
+
+    def pid_of(self, idx: np.ndarray) -> np.ndarray:
+        return np.asarray(self.pids, np.int64)[self.a["target"][idx]]

@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * pagetier: per-process page-access counting through PTE bits.
+ *
+ * This header is the one contract between pagetier.ko and user space. Rules:
+ * only __u32/__u64 fields, user buffers passed as __u64, explicit padding and
+ * reserved fields (must be zero), and a new command number for a new feature
+ * instead of a change to an old struct.
+ */
+#ifndef _UAPI_LINUX_PAGETIER_H
+#define _UAPI_LINUX_PAGETIER_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define PAGETIER_VERSION_MAJOR 0
+#define PAGETIER_VERSION_MINOR 1
+#define PAGETIER_VERSION_PATCH 0
+
+#define PAGETIER_STR_(x) #x
+#define PAGETIER_STR(x) PAGETIER_STR_(x)
+#define PAGETIER_VERSION_STRING                                          \
+	PAGETIER_STR(PAGETIER_VERSION_MAJOR) "." PAGETIER_STR(            \
+		PAGETIER_VERSION_MINOR) "." PAGETIER_STR(PAGETIER_VERSION_PATCH)
+
+#define PAGETIER_DEVICE_NAME "pagetier"
+
+/* Access-tracking modes (struct pagetier_attach.mode). */
+#define PAGETIER_MODE_FAULT 1 /* hinting faults on sampled PROT_NONE-encoded PTEs */
+#define PAGETIER_MODE_ABIT 2  /* test and clear the Accessed bit each scan */
+
+/* Bounds of struct pagetier_attach fields; 0 in a field means the default. */
+#define PAGETIER_SCAN_PERIOD_MIN_MS 10
+#define PAGETIER_SCAN_PERIOD_MAX_MS 60000
+#define PAGETIER_SAMPLE_RATIO_MAX 65536
+
+struct pagetier_version {
+	__u32 major;
+	__u32 minor;
+	__u32 patch;
+	__u32 record_size; /* sizeof(struct pagetier_record) */
+};
+
+struct pagetier_attach {
+	__u32 pid;
+	__u32 mode;	      /* PAGETIER_MODE_* */
+	__u32 scan_period_ms; /* 0: the module's default_scan_period_ms */
+	__u32 sample_ratio;   /* fault mode: mark 1 page in N per scan; 0 or 1: all */
+	__u64 page_budget;    /* fault mode: at most this many marked per scan; 0: no cap */
+	__u64 reserved[4];
+};
+
+struct pagetier_detach {
+	__u32 pid;
+	__u32 flags; /* must be 0 */
+	__u64 reserved[2];
+};
+
+/* struct pagetier_record.flags */
+#define PAGETIER_REC_PRESENT (1U << 0)	/* mapped at the last scan */
+#define PAGETIER_REC_HUGE (1U << 1)	/* a 2 MiB PMD mapping: addr is its start */
+#define PAGETIER_REC_ACCESSED (1U << 2) /* accessed since the last reset */
+
+#define PAGETIER_NODE_NONE 0xffffffffU
+
+struct pagetier_record {
+	__u64 addr;  /* virtual address of the page (or huge mapping) */
+	__u32 count; /* accesses counted since the last reset */
+	__u32 node;  /* NUMA node at the last scan, or PAGETIER_NODE_NONE */
+	__u32 flags; /* PAGETIER_REC_* */
+	__u32 pad;
+};
+
+/* struct pagetier_read.flags */
+#define PAGETIER_READ_RESET (1U << 0)	      /* zero counts of the records returned */
+#define PAGETIER_READ_ACCESSED_ONLY (1U << 1) /* only pages accessed since the last reset */
+
+struct pagetier_read {
+	__u32 pid;
+	__u32 flags;	  /* PAGETIER_READ_* */
+	__u64 buf;	  /* user pointer to struct pagetier_record[buf_len] */
+	__u64 buf_len;	  /* capacity of buf, in records */
+	__u64 cursor;	  /* in: 0 to start, else the value returned; out: 0 when done */
+	__u64 nr_records; /* out: records written */
+	__u64 reserved[2];
+};
+
+struct pagetier_stats {
+	__u32 pid;
+	__u32 mode;	      /* out */
+	__u64 scans;	      /* scans completed */
+	__u64 pages_tracked;  /* pages (huge mappings count as one) seen at the last scan */
+	__u64 pages_marked;   /* fault mode: PTEs made inaccessible, total */
+	__u64 faults;	      /* fault mode: hinting faults counted */
+	__u64 accesses;	      /* accesses counted, total */
+	__u64 scan_ns;	      /* time spent scanning, total */
+	__u64 reserved[4];
+};
+
+#define PAGETIER_IOC_MAGIC 0xB7
+
+#define PAGETIER_IOC_VERSION _IOR(PAGETIER_IOC_MAGIC, 0, struct pagetier_version)
+#define PAGETIER_IOC_ATTACH _IOW(PAGETIER_IOC_MAGIC, 1, struct pagetier_attach)
+#define PAGETIER_IOC_DETACH _IOW(PAGETIER_IOC_MAGIC, 2, struct pagetier_detach)
+#define PAGETIER_IOC_READ _IOWR(PAGETIER_IOC_MAGIC, 3, struct pagetier_read)
+#define PAGETIER_IOC_STATS _IOWR(PAGETIER_IOC_MAGIC, 4, struct pagetier_stats)
+
+#endif /* _UAPI_LINUX_PAGETIER_H */

@@ -1,0 +1,80 @@
+"""The UAPI of pagetier.ko, read from its one header (kmod/include/uapi/linux/pagetier.h).
+
+Struct layouts are numpy dtypes; a test checks them against the built module's DWARF.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+HEADER = Path(__file__).resolve().parent.parent / "kmod/include/uapi/linux/pagetier.h"
+_text = HEADER.read_text()
+
+
+def _define(name: str) -> int:
+    m = re.search(rf"^#define {name}\s+(\(1U << \d+\)|\S+)", _text, re.M)
+    if not m:
+        raise RuntimeError(f"{HEADER}: no #define {name}")
+    v = m.group(1)
+    m2 = re.fullmatch(r"\(1U << (\d+)\)", v)
+    return 1 << int(m2.group(1)) if m2 else int(v.rstrip("U"), 0)
+
+
+VERSION_MAJOR = _define("PAGETIER_VERSION_MAJOR")
+VERSION_MINOR = _define("PAGETIER_VERSION_MINOR")
+VERSION_PATCH = _define("PAGETIER_VERSION_PATCH")
+VERSION = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"
+
+MODE_FAULT = _define("PAGETIER_MODE_FAULT")
+MODE_ABIT = _define("PAGETIER_MODE_ABIT")
+MODES = {"fault": MODE_FAULT, "abit": MODE_ABIT}
+SCAN_PERIOD_MIN_MS = _define("PAGETIER_SCAN_PERIOD_MIN_MS")
+SCAN_PERIOD_MAX_MS = _define("PAGETIER_SCAN_PERIOD_MAX_MS")
+SAMPLE_RATIO_MAX = _define("PAGETIER_SAMPLE_RATIO_MAX")
+REC_PRESENT = _define("PAGETIER_REC_PRESENT")
+REC_HUGE = _define("PAGETIER_REC_HUGE")
+REC_ACCESSED = _define("PAGETIER_REC_ACCESSED")
+NODE_NONE = _define("PAGETIER_NODE_NONE")
+READ_RESET = _define("PAGETIER_READ_RESET")
+READ_ACCESSED_ONLY = _define("PAGETIER_READ_ACCESSED_ONLY")
+IOC_MAGIC = _define("PAGETIER_IOC_MAGIC")
+DEVICE = "/dev/pagetier"
+
+_u32, _u64 = np.uint32, np.uint64
+VERSION_T = np.dtype([("major", _u32), ("minor", _u32), ("patch", _u32), ("record_size", _u32)])
+ATTACH_T = np.dtype(
+    [("pid", _u32), ("mode", _u32), ("scan_period_ms", _u32), ("sample_ratio", _u32),
+     ("page_budget", _u64), ("reserved", _u64, 4)]
+)
+DETACH_T = np.dtype([("pid", _u32), ("flags", _u32), ("reserved", _u64, 2)])
+RECORD_T = np.dtype([("addr", _u64), ("count", _u32), ("node", _u32), ("flags", _u32), ("pad", _u32)])
+READ_T = np.dtype(
+    [("pid", _u32), ("flags", _u32), ("buf", _u64), ("buf_len", _u64), ("cursor", _u64),
+     ("nr_records", _u64), ("reserved", _u64, 2)]
+)
+STATS_T = np.dtype(
+    [("pid", _u32), ("mode", _u32), ("scans", _u64), ("pages_tracked", _u64),
+     ("pages_marked", _u64), ("faults", _u64), ("accesses", _u64), ("scan_ns", _u64),
+     ("reserved", _u64, 4)]
+)
+# C struct name -> dtype, for the DWARF check
+STRUCTS = {
+    "pagetier_version": VERSION_T, "pagetier_attach": ATTACH_T, "pagetier_detach": DETACH_T,
+    "pagetier_record": RECORD_T, "pagetier_read": READ_T, "pagetier_stats": STATS_T,
+}
+
+# asm-generic/ioctl.h encoding (x86)
+_IOC_WRITE, _IOC_READ = 1, 2
+
+
+def _ioc(direction: int, nr: int, size: int) -> int:
+    return (direction << 30) | (size << 16) | (IOC_MAGIC << 8) | nr
+
+
+IOC_VERSION = _ioc(_IOC_READ, 0, VERSION_T.itemsize)
+IOC_ATTACH = _ioc(_IOC_WRITE, 1, ATTACH_T.itemsize)
+IOC_DETACH = _ioc(_IOC_WRITE, 2, DETACH_T.itemsize)
+IOC_READ = _ioc(_IOC_READ | _IOC_WRITE, 3, READ_T.itemsize)
+IOC_STATS = _ioc(_IOC_READ | _IOC_WRITE, 4, STATS_T.itemsize)

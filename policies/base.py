@@ -1,0 +1,107 @@
+"""The policy interface: which units belong on the fast node.
+
+A policy sees the daemon's PageState (pagetier.daemon.state) and a Context, and returns unit
+indices to promote to the fast node and to demote to the slow node. The same object runs in
+the live daemon and in the trace simulator.
+
+Policies register with ``@register("name")`` and declare their options as a dataclass
+``Config``; ``create(name, options)`` validates the options strictly (an unknown key or a
+wrong type is a ConfigError naming it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pagetier.errors import ConfigError
+
+POLICIES: dict[str, type["Policy"]] = {}
+_POLICY_MODULES = {
+    "heuristic": "pagetier.policies.heuristic",
+    "first-touch": "pagetier.policies.baselines",
+    "lru": "pagetier.policies.baselines",
+    "heat-classes": "pagetier.policies.baselines",
+}
+
+
+def register(name: str):
+    def deco(cls):
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+
+    return deco
+
+
+def known() -> list[str]:
+    return sorted(set(POLICIES) | set(_POLICY_MODULES))
+
+
+def create(name: str, options: dict | None = None) -> "Policy":
+    if name not in POLICIES and name in _POLICY_MODULES:
+        importlib.import_module(_POLICY_MODULES[name])
+    if name not in POLICIES:
+        raise ConfigError(f"unknown policy {name!r} (known: {', '.join(known())})")
+    cls = POLICIES[name]
+    return cls(validate_config(cls.Config, options or {}, f"policy {name}"))
+
+
+def validate_config(cfg_cls, options: dict, where: str):
+    """Build dataclass ``cfg_cls`` from ``options``: unknown keys and wrong types are errors."""
+    fields = {f.name: f for f in dataclasses.fields(cfg_cls)}
+    for key, value in options.items():
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown option {key!r} (known: {', '.join(fields)})")
+        typ = fields[key].type
+        typ = {"int": int, "float": float, "bool": bool, "str": str}.get(typ, typ)
+        ok = isinstance(value, typ) and not (typ in (int, float) and isinstance(value, bool))
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok:
+            raise ConfigError(
+                f"{where}: option {key!r} must be {typ.__name__}, got {type(value).__name__} {value!r}"
+            )
+        options = {**options, key: value}
+    cfg = cfg_cls(**options)
+    check = getattr(cfg, "check", None)
+    if check:
+        check()  # raises ConfigError for values out of range
+    return cfg
+
+
+@dataclass
+class Context:
+    """What a policy knows besides the pages. Sizes are in 4 KiB pages."""
+
+    fast_node: int = 0
+    slow_node: int = 1
+    fast_budget: int = 0  # pages the targets may keep on the fast node
+    max_moves: int = 1 << 62  # pages the rate limit allows to move this interval
+    interval: int = 0  # interval number (PageState.interval)
+    now: float = 0.0  # seconds since the daemon started
+    interval_s: float = 1.0
+
+
+@dataclass
+class Decision:
+    promote: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # unit indices
+    demote: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    stats: dict = field(default_factory=dict)  # policy's own counters (e.g. pattern class)
+
+
+class Policy(ABC):
+    name = "?"
+
+    @dataclass
+    class Config:
+        pass
+
+    def __init__(self, config=None):
+        self.config = config if config is not None else self.Config()
+
+    @abstractmethod
+    def decide(self, state, ctx: Context) -> Decision: ...
