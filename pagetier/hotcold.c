@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * pagetier's built-in workload: a buffer with a hot part touched constantly and a cold part
+ * touched once. It reports, once a second, the fraction of its accesses that the fast node
+ * served, and checksums every page when it ends.
+ *
+ * Usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N] [--fast-node N]
+ *                [--duration S] [--phase S] [--no-thp] [--quiet]
+ *
+ * Prints one JSON object per line: first {"event":"ready",...} with the buffer and the hot
+ * range, then {"event":"tick",...} each second, then {"event":"done",...}. Exits 0 when every
+ * page checks out, 3 when a page is corrupted, 2 on bad arguments.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <numa.h>
+#include <numaif.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PAGE 4096UL
+#define WORDS (PAGE / sizeof(uint64_t))
+
+static volatile sig_atomic_t stop;
+static void on_signal(int sig) { (void)sig; stop = 1; }
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The value word k of page i holds (word 0 is the page's access counter). */
+static inline uint64_t pattern(uint64_t i, uint64_t k)
+{
+	uint64_t x = (i << 20) ^ k ^ 0x9e3779b97f4a7c15ULL;
+	x ^= x >> 31; x *= 0xbf58476d1ce4e5b9ULL; x ^= x >> 27;
+	return x;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N]\n"
+			"               [--fast-node N] [--duration S] [--phase S] [--no-thp] [--quiet]\n");
+	exit(2);
+}
+
+static long arg_long(const char *opt, const char *v, long lo, long hi)
+{
+	char *end;
+	long x;
+	if (!v) usage();
+	errno = 0;
+	x = strtol(v, &end, 10);
+	if (errno || *end || x < lo || x > hi) {
+		fprintf(stderr, "hotcold: %s must be an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, v);
+		exit(2);
+	}
+	return x;
+}
+
+/* Fraction of pages [first, first+n) on fast_node, by a move_pages query. */
+static double fraction_on(char *buf, size_t first, size_t n, int fast_node, int *status, void **pages)
+{
+	size_t i, on = 0;
+	for (i = 0; i < n; i++)
+		pages[i] = buf + (first + i) * PAGE;
+	if (move_pages(0, n, pages, NULL, status, 0) != 0)
+		return -1;
+	for (i = 0; i < n; i++)
+		on += status[i] == fast_node;
+	return n ? (double)on / n : 0;
+}
+
+int main(int argc, char **argv)
+{
+	long size_mb = 256, hot_mb = 32, hot_off_mb = 0, start_node = -1, fast_node = 0;
+	long duration = 30, phase = 0, thp = 1, quiet = 0;
+	int i;
+	for (i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "--size")) size_mb = arg_long(a, v, 1, 1 << 20), i++;
+		else if (!strcmp(a, "--hot")) hot_mb = arg_long(a, v, 1, 1 << 20), i++;
+		else if (!strcmp(a, "--hot-offset")) hot_off_mb = arg_long(a, v, 0, 1 << 20), i++;
+		else if (!strcmp(a, "--start-node")) start_node = arg_long(a, v, 0, 1023), i++;
+		else if (!strcmp(a, "--fast-node")) fast_node = arg_long(a, v, 0, 1023), i++;
+		else if (!strcmp(a, "--duration")) duration = arg_long(a, v, 0, 1L << 30), i++;
+		else if (!strcmp(a, "--phase")) phase = arg_long(a, v, 0, 1L << 30), i++;
+		else if (!strcmp(a, "--no-thp")) thp = 0;
+		else if (!strcmp(a, "--quiet")) quiet = 1;
+		else usage();
+	}
+	if (hot_mb + hot_off_mb > size_mb) {
+		fprintf(stderr, "hotcold: --hot + --hot-offset (%ld MiB) exceeds --size (%ld MiB)\n",
+			hot_mb + hot_off_mb, size_mb);
+		return 2;
+	}
+	if (start_node >= 0 && (numa_available() < 0 || start_node > numa_max_node())) {
+		fprintf(stderr, "hotcold: --start-node %ld: no such NUMA node\n", start_node);
+		return 2;
+	}
+	size_t npages = (size_t)size_mb * 256, hot_pages = (size_t)hot_mb * 256;
+	size_t hot_first = (size_t)hot_off_mb * 256;
+	size_t len = npages * PAGE;
+	/* 2 MiB aligned so THP can back it */
+	char *raw = mmap(NULL, len + (2UL << 20), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (raw == MAP_FAILED) { perror("hotcold: mmap"); return 1; }
+	char *buf = (char *)(((uintptr_t)raw + (2UL << 20) - 1) & ~((2UL << 20) - 1));
+	madvise(buf, len, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	if (start_node >= 0) {
+		/* first touch on start_node, then default policy so others may move the pages */
+		unsigned long mask = 1UL << start_node;
+		if (mbind(buf, len, MPOL_BIND, &mask, sizeof(mask) * 8, 0)) { perror("hotcold: mbind"); return 1; }
+	}
+	for (size_t p = 0; p < npages; p++) {
+		uint64_t *w = (uint64_t *)(buf + p * PAGE);
+		w[0] = 0;
+		for (size_t k = 1; k < WORDS; k++)
+			w[k] = pattern(p, k);
+	}
+	if (start_node >= 0 && mbind(buf, len, MPOL_DEFAULT, NULL, 0, 0)) { perror("hotcold: mbind"); return 1; }
+
+	signal(SIGTERM, on_signal);
+	signal(SIGINT, on_signal);
+	int *status = calloc(hot_pages, sizeof(int));
+	void **pages = calloc(hot_pages, sizeof(void *));
+	if (!status || !pages) { perror("hotcold: calloc"); return 1; }
+	printf("{\"event\":\"ready\",\"pid\":%d,\"addr\":%lu,\"size\":%zu,\"hot_addr\":%lu,\"hot_size\":%zu,"
+	       "\"page_size\":%lu}\n", getpid(), (unsigned long)buf, len,
+	       (unsigned long)(buf + hot_first * PAGE), hot_pages * PAGE, PAGE);
+	fflush(stdout);
+
+	double t0 = now(), last = t0, frac_sum = 0;
+	uint64_t accesses = 0, tick_acc = 0, lcg = 12345;
+	long ticks = 0, cur_phase = 0;
+	while (!stop && (duration == 0 || now() - t0 < duration)) {
+		for (int r = 0; r < 4096; r++) {
+			lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+			size_t p = hot_first + (lcg >> 33) % hot_pages;
+			volatile uint64_t *w = (uint64_t *)(buf + p * PAGE);
+			w[0]++;
+			(void)w[1 + (lcg & (WORDS - 2))];
+		}
+		accesses += 4096, tick_acc += 4096;
+		double t = now();
+		if (t - last >= 1.0) {
+			double f = fraction_on(buf, hot_first, hot_pages, fast_node, status, pages);
+			ticks++, frac_sum += f;
+			if (!quiet)
+				printf("{\"event\":\"tick\",\"t\":%.2f,\"phase\":%ld,\"hot_addr\":%lu,"
+				       "\"accesses_per_s\":%.0f,\"fast_fraction\":%.4f}\n", t - t0, cur_phase,
+				       (unsigned long)(buf + hot_first * PAGE), tick_acc / (t - last), f);
+			fflush(stdout);
+			tick_acc = 0, last = t;
+			if (phase > 0 && (long)((t - t0) / phase) != cur_phase) {
+				/* the hot part moves to the next window */
+				cur_phase = (long)((t - t0) / phase);
+				hot_first = (hot_first + hot_pages) % (npages - hot_pages + 1);
+			}
+		}
+	}
+	/* verify every page */
+	size_t bad = 0;
+	for (size_t p = 0; p < npages; p++) {
+		uint64_t *w = (uint64_t *)(buf + p * PAGE);
+		for (size_t k = 1; k < WORDS; k++)
+			if (w[k] != pattern(p, k)) { bad++; break; }
+	}
+	printf("{\"event\":\"done\",\"seconds\":%.2f,\"accesses\":%lu,\"mean_fast_fraction\":%.4f,"
+	       "\"pages_checked\":%zu,\"pages_corrupt\":%zu}\n", now() - t0, (unsigned long)accesses,
+	       ticks ? frac_sum / ticks : 0.0, npages, bad);
+	fflush(stdout);
+	return bad ? 3 : 0;
+}

@@ -1,0 +1,253 @@
+"""The two-node NUMA test VM: boot a Debian kernel under QEMU (virtme-ng), run a command, check dmesg.
+
+The host's file system is shared into the guest read-only, the repository included; results come
+back through a read-write directory. By default node 0 is fast and holds the CPUs, node 1 is slow
+and CPU-less. A run fails loudly when the guest's dmesg shows an Oops, BUG, WARNING or a corrupted
+page table, whatever the command's own exit status.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from pagetier.errors import PagetierError, Unavailable
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+# Lines in a guest's kernel log that mean the kernel is unhealthy.
+KERNEL_REPORT = re.compile(
+    r"(Oops|BUG[: ]|WARNING:|Corrupted page table|general protection fault|Kernel panic"
+    r"|rcu_sched self-detected stall|rcu: INFO: rcu_.* stall|possible circular locking"
+    r"|possible recursive locking|INFO: task .* blocked for more than|page dumped because"
+    r"|Bad page (state|map))"
+)
+# Lines that match the pattern but are boot-time notices about the emulated machine, not faults.
+BENIGN = re.compile(r"(Spectre V2 : WARNING: Unprivileged eBPF|Unknown kernel command line)")
+
+
+class VMError(PagetierError):
+    pass
+
+
+@dataclass
+class VMResult:
+    kernel: str
+    command: str
+    returncode: int
+    output: str
+    dmesg: str
+    seconds: float
+    reports: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.reports
+
+    def check(self) -> "VMResult":
+        """Raise VMError when the command failed or the kernel reported a problem."""
+        problems = []
+        if self.returncode != 0:
+            problems.append(f"command exited with status {self.returncode}")
+        if self.reports:
+            problems.append("kernel reports in dmesg:\n  " + "\n  ".join(self.reports))
+        if problems:
+            tail = "\n".join(self.output.splitlines()[-40:])
+            raise VMError(
+                f"VM run on {self.kernel} failed: {'; '.join(problems)}\n"
+                f"--- command: {self.command}\n--- last output:\n{tail}"
+            )
+        return self
+
+
+def kernel_reports(dmesg: str) -> list[str]:
+    return [ln for ln in dmesg.splitlines() if KERNEL_REPORT.search(ln) and not BENIGN.search(ln)]
+
+
+def kernels() -> dict[str, str]:
+    """Installed Debian kernels: {'6.1': '6.1.0-56-amd64', '6.12': '6.12.117+deb12-amd64'}."""
+    found: dict[str, str] = {}
+    for path in sorted(glob.glob("/boot/vmlinuz-*")):
+        release = path.removeprefix("/boot/vmlinuz-")
+        m = re.match(r"(\d+\.\d+)", release)
+        if m and os.access(path, os.R_OK):
+            # newest of each series wins (sorted order is good enough within one series)
+            found[m.group(1)] = release
+    return found
+
+
+def resolve_kernel(kernel: str) -> str:
+    ks = kernels()
+    if kernel in ks:
+        return ks[kernel]
+    if kernel in ks.values():
+        return kernel
+    raise Unavailable(
+        f"kernel {kernel!r} is not installed (have: {', '.join(ks) or 'none'}); "
+        "run scripts/setup.sh"
+    )
+
+
+def _size_mb(size: str) -> int:
+    m = re.fullmatch(r"(\d+)([MG])", size.strip().upper())
+    if not m:
+        raise VMError(f"bad memory size {size!r}: use e.g. 512M or 2G")
+    return int(m.group(1)) * (1024 if m.group(2) == "G" else 1)
+
+
+def kvm_usable() -> bool:
+    return os.access("/dev/kvm", os.R_OK | os.W_OK)
+
+
+def run(
+    command: str,
+    kernel: str = "6.12",
+    fast: str = "2G",
+    slow: str = "2G",
+    cpus: int = 2,
+    kvm: bool = False,
+    hmat: bool = False,
+    timeout: float = 1800,
+    echo: bool = False,
+    env: dict[str, str] | None = None,
+) -> VMResult:
+    """Boot ``kernel`` with a fast node (the CPUs, ``fast`` memory) and a CPU-less slow node
+    (``slow`` memory), run ``command`` with sh in the repository, and return what happened.
+
+    ``hmat`` describes node 1 as slower memory through ACPI HMAT, so 6.12 puts it in a lower
+    memory tier. The caller decides whether a failure raises: see VMResult.check().
+    """
+    release = resolve_kernel(kernel)
+    if shutil.which("qemu-system-x86_64") is None:
+        raise Unavailable("qemu-system-x86_64 is missing: run scripts/setup.sh")
+    vng = shutil.which("vng", path=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    if vng is None:
+        raise Unavailable("virtme-ng (vng) is missing: run scripts/setup.sh")
+    fast_mb, slow_mb = _size_mb(fast), _size_mb(slow)
+    out_root = REPO / "build" / "vm"
+    out_root.mkdir(parents=True, exist_ok=True)
+    outdir = Path(tempfile.mkdtemp(prefix=f"{kernel}-", dir=out_root))
+    exports = {"PAGETIER_IN_GUEST": "1", "PAGETIER_VM_OUT": str(outdir),
+               "PATH": f"{VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONUNBUFFERED": "1",
+               "HOME": "/tmp"}
+    exports.update(env or {})
+    runner = outdir / "runner.sh"
+    runner.write_text(
+        "#!/bin/sh\n"
+        + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in exports.items())
+        + f"cd {shlex.quote(str(REPO))}\n"
+        + f"sh -c {shlex.quote(command)} < /dev/null 2>&1\n"
+        + f"echo $? > {outdir}/rc\n"
+        + f"dmesg > {outdir}/dmesg\n"
+    )
+    args = [vng, "--run", f"/boot/vmlinuz-{release}", "--cpus", str(cpus),
+            "--memory", f"{fast_mb + slow_mb}M", "--rwdir", str(outdir), "--cwd", str(REPO)]
+    if not kvm:
+        args.append("--disable-kvm")
+    elif not kvm_usable():
+        raise Unavailable("--kvm asked for, but /dev/kvm is not usable here")
+    if hmat:
+        args += ["--disable-microvm", "--qemu-opts", _hmat_opts(fast_mb, slow_mb, cpus)]
+    else:
+        args += ["--numa", f"{fast_mb}M,cpus=0-{cpus - 1}", "--numa", f"{slow_mb}M"]
+    args += ["--exec", f"sh {runner}"]
+    t0 = time.monotonic()
+    lines: list[str] = []
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace",
+                            env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"})
+    watchdog = threading.Timer(timeout, proc.kill)  # a hung guest prints nothing: kill it
+    watchdog.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        proc.wait()
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if time.monotonic() - t0 >= timeout:
+        lines.append(f"\n[pagetier vm: timed out after {timeout:.0f} s]\n")
+    elapsed = time.monotonic() - t0
+    rc_file, dmesg_file = outdir / "rc", outdir / "dmesg"
+    rc = int(rc_file.read_text().strip() or 255) if rc_file.exists() else 255
+    dmesg = dmesg_file.read_text(errors="replace") if dmesg_file.exists() else ""
+    output = "".join(lines)
+    reports = kernel_reports(dmesg)
+    if not dmesg_file.exists():
+        # The guest died before it could write its log: the console output is all there is.
+        reports = kernel_reports(output) or ["guest did not finish (no dmesg collected)"]
+    return VMResult(release, command, rc, output, dmesg, elapsed, reports)
+
+
+def _hmat_opts(fast_mb: int, slow_mb: int, cpus: int) -> str:
+    """QEMU options for two nodes where node 1 is CPU-less and slower, described by HMAT."""
+    return " ".join([
+        "-machine hmat=on",
+        f"-object memory-backend-ram,id=m0,size={fast_mb}M",
+        f"-object memory-backend-ram,id=m1,size={slow_mb}M",
+        f"-numa node,nodeid=0,memdev=m0,cpus=0-{cpus - 1},initiator=0",
+        "-numa node,nodeid=1,memdev=m1,initiator=0",
+        "-numa hmat-lb,initiator=0,target=0,hierarchy=memory,data-type=access-latency,latency=10",
+        "-numa hmat-lb,initiator=0,target=0,hierarchy=memory,data-type=access-bandwidth,bandwidth=10G",
+        "-numa hmat-lb,initiator=0,target=1,hierarchy=memory,data-type=access-latency,latency=40",
+        "-numa hmat-lb,initiator=0,target=1,hierarchy=memory,data-type=access-bandwidth,bandwidth=2G",
+    ])
+
+
+def in_guest() -> bool:
+    return os.environ.get("PAGETIER_IN_GUEST") == "1"
+
+
+@click.group("vm")
+def command():
+    """Boot the two-node NUMA test VM and run commands in it."""
+
+
+@command.command("run")
+@click.option("--kernel", "-k", default="6.12", show_default=True, help="6.1, 6.12 or a full release")
+@click.option("--fast", default="2G", show_default=True, help="memory of node 0 (fast, with the CPUs)")
+@click.option("--slow", default="2G", show_default=True, help="memory of node 1 (slow, no CPUs)")
+@click.option("--cpus", default=2, show_default=True)
+@click.option("--kvm", is_flag=True, help="use KVM instead of software emulation")
+@click.option("--hmat", is_flag=True, help="describe node 1 as a slower memory tier (HMAT)")
+@click.option("--timeout", default=1800, show_default=True, help="seconds")
+@click.argument("cmd", nargs=-1, required=True)
+def run_cmd(kernel, fast, slow, cpus, kvm, hmat, timeout, cmd):
+    """Run CMD in the VM (in the repository), print its output, fail on a kernel report.
+
+    \b
+    Examples:
+      pagetier vm run -- numactl -H
+      pagetier vm run --kernel 6.1 -- pagetier kmod load
+    """
+    res = run(" ".join(shlex.quote(c) for c in cmd), kernel=kernel, fast=fast, slow=slow,
+              cpus=cpus, kvm=kvm, hmat=hmat, timeout=timeout, echo=True)
+    for r in res.reports:
+        click.echo(f"pagetier vm: kernel report: {r}", err=True)
+    click.echo(f"pagetier vm: {res.kernel}: exit {res.returncode} in {res.seconds:.0f} s", err=True)
+    sys.exit(0 if res.ok else (res.returncode or 1))
+
+
+@command.command("kernels")
+def kernels_cmd():
+    """List the installed kernels the VM can boot."""
+    for series, release in kernels().items():
+        click.echo(f"{series}\t{release}")
