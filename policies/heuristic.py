@@ -1,0 +1,335 @@
+"""The default policy: decayed heat, an adaptive hot threshold, watermarks and anti-thrashing.
+
+Each interval the policy
+
+1. ranks units by decayed heat (``state.heat``) and takes the hottest ones that fit in
+   ``low_watermark * fast_budget`` pages, ignoring units colder than ``min_heat``: the heat of
+   the coldest unit taken is this interval's hot threshold, so the threshold adapts to the
+   budget instead of being a fixed number;
+2. promotes the units of that set that are not on the fast node yet, hottest first;
+3. demotes the coldest fast-node units when fast-node use passes ``high_watermark`` (down to
+   ``low_watermark``), and demotes more of them when a promotion needs room, but only units
+   colder than the promoted one by ``margin`` (promotion needs ``heat > victim * (1+margin)``);
+4. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis against
+   ping-pong; only an over-budget fast node may demote such units);
+5. throttles (moves ``throttle_scale`` of the rate limit) when the hot set is larger than the
+   budget or when units moved in the last ``thrash_window`` intervals are being moved back;
+6. classifies the access pattern from the overlap (Jaccard) of successive hot sets and
+   suggests an ``interval_scale`` for the daemon's pacing.
+
+Everything is vectorized numpy; the policy keeps only the previous hot set's keys (sorted
+``(target << 48) | (addr >> 12)``, so it survives units appearing and disappearing) and a few
+scalars between calls.
+
+The helpers ``fill_budget`` and ``plan_moves`` are shared with the baselines (baselines.py).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagetier.daemon.state import NEVER
+from pagetier.errors import ConfigError
+from pagetier.policies.base import Context, Decision, Policy, register
+
+# Suggested interval_scale per access pattern (the daemon multiplies its interval by it).
+INTERVAL_SCALE = {
+    "warmup": 1.0,  # too little history to say
+    "stable": 2.0,  # the hot set hardly changes: sample less often
+    "phased": 1.0,  # stable phases with sudden changes (0.5 on the interval of a change)
+    "irregular": 1.5,  # the hot set keeps changing: longer intervals average more accesses
+}
+PHASE_CHANGE_SCALE = 0.5  # react quickly right after a phase change
+THROTTLED_MIN_SCALE = 1.5  # when throttled, at least this
+
+
+def unit_keys(state) -> np.ndarray:
+    """Stable identity of each unit across calls: ``(target << 48) | (addr >> 12)``."""
+    return (state.target.astype(np.uint64) << np.uint64(48)) | (state.addr >> np.uint64(12))
+
+
+def fill_budget(order: np.ndarray, npages: np.ndarray, cap: int) -> np.ndarray:
+    """The units of ``order`` (best first) that fit in ``cap`` pages, greedily in order.
+
+    A unit too big for the room left (a 2 MiB unit near the end) is skipped and smaller units
+    after it still fill the room: the second pass takes, in order, the rest that fit.
+    """
+    cap = int(cap)
+    if cap <= 0 or len(order) == 0:
+        return order[:0]
+    size = npages[order].astype(np.int64)
+    cum = np.cumsum(size)
+    k = int(np.searchsorted(cum, cap, "right"))
+    room = cap - (int(cum[k - 1]) if k else 0)
+    if k == len(order) or room <= 0:
+        return order[:k]
+    rest = order[k + 1 :]  # order[k] did not fit
+    rest = rest[size[k + 1 :] <= room]
+    cum2 = np.cumsum(npages[rest].astype(np.int64))
+    k2 = int(np.searchsorted(cum2, room, "right"))
+    return np.concatenate([order[:k], rest[:k2]])
+
+
+def plan_moves(
+    npages: np.ndarray,
+    promo: np.ndarray,
+    promo_rank: np.ndarray,
+    victims: np.ndarray,
+    victim_rank: np.ndarray,
+    *,
+    used: int,
+    cap: int,
+    must: int = 0,
+    max_moves: int,
+    margin: float = 0.0,
+    n_room: int | None = None,
+    passes: int = 4,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Choose promotions from ``promo`` and demotions from a prefix of ``victims``.
+
+    promo: unit indices best first, promo_rank their rank values (non-increasing).
+    victims: fast-node unit indices in eviction order, victim_rank their rank values.
+    used: pages on the fast node now; cap: fast-node pages promotions may fill up to;
+    must: pages to demote whatever the promotions (watermark or over budget);
+    max_moves: pages that may move in all; n_room: how many leading victims may be evicted to
+    make room for a promotion (default all; the rest serve only ``must``).
+    A promotion that needs evictions is taken only if its rank exceeds every evicted victim's
+    rank times ``1 + margin``. Promotions are taken in order; a candidate that does not fit is
+    skipped and the next ones are tried, up to ``passes`` times.
+
+    Returns (promote, demote) unit indices. Guarantees: demoted + promoted pages <=
+    max_moves, and used + promoted - demoted <= max(cap, used - demoted) (promotions never
+    push the fast node over ``cap``).
+    """
+    max_moves = max(0, int(max_moves))
+    pn = npages[promo].astype(np.int64)
+    vn = npages[victims].astype(np.int64)
+    nv = len(victims)
+    dc = np.zeros(nv + 1, np.int64)
+    np.cumsum(vn, out=dc[1:])
+    n_room = nv if n_room is None else min(int(n_room), nv)
+    # mandatory demotions: the shortest prefix freeing `must` pages, within the rate limit
+    j0 = min(int(np.searchsorted(dc, max(0, int(must)), "left")), nv)
+    j0 = min(j0, int(np.searchsorted(dc, max_moves, "right")) - 1)
+    room_lim = max(j0, n_room)
+    vmax = np.maximum.accumulate(victim_rank[j0:].astype(np.float64) * (1.0 + margin))
+    j = j0
+    moved = int(dc[j0])
+    fast = int(used) - moved
+    taken = []
+    start = 0
+    for _ in range(passes):
+        left = max_moves - moved
+        if start >= len(promo) or left <= 0:
+            break
+        cand = np.arange(start, min(len(promo), start + left + 1))
+        if start:  # after a skip, only candidates that could still fit the rate limit
+            cand = cand[pn[cand] <= left]
+        if len(cand) == 0:
+            break
+        pc = np.cumsum(pn[cand])
+        # total victim pages needed so the fast node stays within cap
+        need = dc[j] + np.maximum(0, fast + pc - int(cap))
+        jk = np.searchsorted(dc, need, "left")
+        jc = np.minimum(jk, nv)
+        ok = (jk <= room_lim) & (moved + pc + dc[jc] - dc[j] <= max_moves)
+        evicts = jc > j0
+        if evicts.any():
+            vm = vmax[np.clip(jc - j0 - 1, 0, None)] if len(vmax) else np.full(len(jc), np.inf)
+            ok &= ~evicts | (promo_rank[cand].astype(np.float64) > vm)
+        k = len(ok) if ok.all() else int(np.argmin(ok))
+        if k:
+            taken.append(promo[cand[:k]])
+            jn = int(jk[k - 1])
+            freed = int(dc[jn] - dc[j])
+            moved += int(pc[k - 1]) + freed
+            fast += int(pc[k - 1]) - freed
+            j = jn
+        if k == len(cand):
+            break
+        start = int(cand[k]) + 1  # skip the candidate that did not fit
+    promote = np.concatenate(taken) if taken else np.zeros(0, np.int64)
+    return promote.astype(np.int64), victims[:j].astype(np.int64)
+
+
+def _jaccard_sorted(a: np.ndarray, b: np.ndarray) -> float:
+    """Jaccard index of two sorted arrays of unique keys (1.0 when both are empty)."""
+    if len(a) == 0 and len(b) == 0:
+        return 1.0
+    if len(a) == 0 or len(b) == 0:
+        return 0.0
+    pos = np.minimum(np.searchsorted(b, a), len(b) - 1)
+    inter = int(np.count_nonzero(b[pos] == a))
+    return inter / (len(a) + len(b) - inter)
+
+
+@register("heuristic")
+class Heuristic(Policy):
+    """Heat-ranked placement with watermarks, hysteresis and a thrashing throttle."""
+
+    @dataclass
+    class Config:
+        min_heat: float = 1.0  # colder units are never promoted
+        high_watermark: float = 0.95  # fraction of the budget: above it, demote...
+        low_watermark: float = 0.85  # ...down to this; the hot set is sized to it
+        min_residency: int = 2  # intervals a moved unit stays where it was moved
+        margin: float = 0.25  # a swap needs promoted heat > victim heat * (1 + margin)
+        thrash_window: int = 8  # a move within this many intervals of the last is a move-back
+        thrash_ratio: float = 0.2  # move-backs / moves above which the policy throttles
+        throttle_scale: float = 0.25  # fraction of max_moves used while throttled
+        history: int = 8  # intervals of hot-set overlap kept to classify the pattern
+        regular_jaccard: float = 0.6  # mean overlap at or above it: a regular pattern
+        phase_jaccard: float = 0.3  # overlap below it after a regular run: a phase change
+
+        def check(self):
+            def bad(key, why):
+                raise ConfigError(f"policy heuristic: option {key!r} {why}, got {getattr(self, key)!r}")
+
+            if not self.min_heat >= 0:
+                bad("min_heat", "must be >= 0")
+            if not 0 < self.high_watermark <= 1:
+                bad("high_watermark", "must be in (0, 1]")
+            if not 0 < self.low_watermark <= self.high_watermark:
+                bad("low_watermark", f"must be in (0, high_watermark={self.high_watermark}]")
+            if self.min_residency < 0:
+                bad("min_residency", "must be >= 0")
+            if not self.margin >= 0:
+                bad("margin", "must be >= 0")
+            if self.thrash_window < self.min_residency:
+                bad("thrash_window", f"must be >= min_residency={self.min_residency}")
+            if not 0 < self.thrash_ratio <= 1:
+                bad("thrash_ratio", "must be in (0, 1]")
+            if not 0 < self.throttle_scale <= 1:
+                bad("throttle_scale", "must be in (0, 1]")
+            if self.history < 2:
+                bad("history", "must be >= 2")
+            if not 0 <= self.regular_jaccard <= 1:
+                bad("regular_jaccard", "must be in [0, 1]")
+            if not 0 <= self.phase_jaccard <= self.regular_jaccard:
+                bad("phase_jaccard", f"must be in [0, regular_jaccard={self.regular_jaccard}]")
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self._prev_hot: np.ndarray | None = None  # sorted keys of the last hot set
+        self._overlap: deque[float] = deque(maxlen=self.config.history)
+        self._since_change = None  # calls since the last phase change, None if none seen
+        self._thrash = 0.0  # moving average of the move-back fraction
+
+    def decide(self, state, ctx: Context) -> Decision:
+        c = self.config
+        now = int(state.interval)
+        heat = state.heat
+        node = state.node
+        npages = state.npages.astype(np.int64)
+        budget = max(0, int(ctx.fast_budget))
+        cap_low = int(budget * c.low_watermark)
+        cap_high = int(budget * c.high_watermark)
+
+        known = node >= 0
+        fast = node == ctx.fast_node
+        used = int(npages[fast].sum())
+        last_move = state.last_move.astype(np.int64)
+        moved_ever = last_move != NEVER
+        recent = moved_ever & (now - last_move < c.min_residency)
+        within = moved_ever & (now - last_move < c.thrash_window)
+
+        # 1. the hot set: hottest units fitting low_watermark * budget, ties to fast residents
+        hot = np.flatnonzero(known & (heat >= c.min_heat))
+        hot_pages = int(npages[hot].sum())
+        h64 = heat[hot].astype(np.float64)
+        order = hot[np.argsort(-(h64 * (1.0 + 1e-9 * fast[hot])), kind="stable")]
+        desired = fill_budget(order, npages, cap_low)
+        in_set = np.zeros(len(state), bool)
+        in_set[desired] = True
+        threshold = float(heat[desired].min()) if len(desired) else None
+
+        # 2. promotion candidates, hottest first; 3. victims, coldest non-hot first
+        pmask = in_set & ~fast & ~recent
+        promo = order[pmask[order]]
+        fidx = np.flatnonzero(fast)
+        fidx = fidx[np.lexsort((heat[fidx], in_set[fidx], recent[fidx]))]
+        n_room = int(np.count_nonzero(~recent[fidx]))
+        if used <= budget:
+            fidx = fidx[:n_room]  # hysteresis holds unless the budget is already exceeded
+        must = used - cap_low if used > cap_high else 0
+
+        # 5. throttle on oversubscription or move-backs
+        oversubscribed = hot_pages > budget
+        throttled_max = max(1, int(ctx.max_moves * c.throttle_scale)) if ctx.max_moves > 0 else 0
+
+        def plan(max_moves):
+            p, d = plan_moves(
+                npages, promo, heat[promo], fidx, heat[fidx],
+                used=used, cap=cap_high, must=must, max_moves=max_moves,
+                margin=c.margin, n_room=n_room,
+            )
+            moves = np.concatenate([p, d])
+            pages = int(npages[moves].sum())
+            backs = int(npages[moves[within[moves]]].sum())
+            return p, d, pages, backs
+
+        reasons = []
+        if oversubscribed:
+            reasons.append("oversubscribed")
+        if self._thrash > c.thrash_ratio:
+            reasons.append("move-backs")
+        p, d, pages, backs = plan(throttled_max if reasons else ctx.max_moves)
+        if not reasons and pages and backs / pages > c.thrash_ratio:
+            reasons.append("move-backs")
+            p, d, pages, backs = plan(throttled_max)
+        frac = backs / pages if pages else 0.0
+        self._thrash = 0.5 * self._thrash + 0.5 * frac
+
+        # 6. access pattern from hot-set overlap
+        keys = np.sort(unit_keys(state)[desired])
+        pattern, jaccard, change = self._classify(keys)
+        scale = PHASE_CHANGE_SCALE if change else INTERVAL_SCALE[pattern]
+        if reasons:
+            scale = max(scale, THROTTLED_MIN_SCALE)
+
+        promoted = int(npages[p].sum())
+        demoted = int(npages[d].sum())
+        stats = {
+            "pattern": pattern,
+            "phase_change": change,
+            "jaccard": jaccard,
+            "interval_scale": scale,
+            "throttled": bool(reasons),
+            "throttle_reasons": reasons,
+            "hot_threshold": threshold,
+            "hot_pages": hot_pages,
+            "hot_set_pages": int(npages[desired].sum()),
+            "fast_used": used,
+            "fast_after": used + promoted - demoted,
+            "promote_pages": promoted,
+            "demote_pages": demoted,
+            "move_back_pages": backs,
+            "thrash": round(self._thrash, 4),
+        }
+        return Decision(promote=p, demote=d, stats=stats)
+
+    def _classify(self, keys: np.ndarray) -> tuple[str, float | None, bool]:
+        """Update the overlap history with this hot set; return (pattern, jaccard, change)."""
+        c = self.config
+        prev, self._prev_hot = self._prev_hot, keys
+        if prev is None:
+            return "warmup", None, False
+        j = _jaccard_sorted(keys, prev)
+        hist = self._overlap
+        change = bool(hist) and float(np.mean(hist)) >= c.regular_jaccard and j < c.phase_jaccard
+        hist.append(j)
+        if change:
+            self._since_change = 0
+        elif self._since_change is not None:
+            self._since_change += 1
+            if self._since_change >= c.history:
+                self._since_change = None
+        if change or self._since_change is not None:
+            return "phased", j, change
+        if len(hist) < 2:
+            return "warmup", j, False
+        if float(np.mean(hist)) >= c.regular_jaccard:
+            return "stable", j, False
+        return "irregular", j, False

@@ -1,0 +1,373 @@
+"""Unit tests for the placement policies (policies/heuristic.py, policies/baselines.py).
+
+No root, no kernel: each case builds a small PageState by hand where the right answer is known.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from pagetier.daemon.state import DTYPE, NEVER, PageState
+from pagetier.errors import ConfigError
+from pagetier.policies import Context, create
+
+FAST, SLOW = 0, 1
+ALL = ["heuristic", "first-touch", "lru", "heat-classes"]
+
+
+def make_state(heat, node, npages=None, last_move=None, last_access=None, interval=100, target=0):
+    """A PageState with one unit per entry, sorted by address, huge units 2 MiB apart."""
+    n = len(heat)
+    a = np.zeros(n, DTYPE)
+    npages = np.ones(n, np.int64) if npages is None else np.asarray(npages)
+    a["npages"] = npages
+    a["addr"] = (np.concatenate([[0], np.cumsum(npages[:-1])]) * 4096 + (1 << 30)).astype(np.uint64)
+    a["heat"] = heat
+    a["count"] = np.asarray(heat, np.float64).astype(np.uint32)
+    a["node"] = node
+    a["target"] = target
+    a["last_move"] = NEVER if last_move is None else last_move
+    if last_access is None:
+        last_access = np.where(np.asarray(heat) > 0, interval, NEVER)
+    a["last_access"] = last_access
+    st = PageState()
+    st.a = a
+    st.pids = [1000]
+    st.interval = interval
+    return st
+
+
+def pages(st, idx):
+    return int(st.npages[idx].astype(np.int64).sum())
+
+
+def fast_after(st, d, ctx):
+    used = pages(st, np.flatnonzero(st.node == ctx.fast_node))
+    return used + pages(st, d.promote) - pages(st, d.demote)
+
+
+def check_invariants(st, d, ctx):
+    """What every policy must guarantee, whatever the state."""
+    used = pages(st, np.flatnonzero(st.node == ctx.fast_node))
+    assert len(np.unique(d.promote)) == len(d.promote)
+    assert len(np.unique(d.demote)) == len(d.demote)
+    assert not np.intersect1d(d.promote, d.demote).size
+    assert (st.node[d.promote] >= 0).all() and (st.node[d.promote] != ctx.fast_node).all()
+    assert (st.node[d.demote] == ctx.fast_node).all()
+    assert pages(st, d.promote) + pages(st, d.demote) <= ctx.max_moves
+    after = fast_after(st, d, ctx)
+    assert after <= max(ctx.fast_budget, used)
+    if pages(st, d.promote):
+        assert after <= ctx.fast_budget
+
+
+# --- heuristic ------------------------------------------------------------------------------
+
+
+def test_heuristic_promotes_hot_slow_units():
+    st = make_state(heat=[50, 40, 0, 0, 30, 0], node=[SLOW, SLOW, FAST, SLOW, SLOW, SLOW])
+    ctx = Context(fast_budget=100)
+    d = create("heuristic").decide(st, ctx)
+    assert sorted(d.promote) == [0, 1, 4]
+    assert d.promote[0] == 0  # hottest first
+    assert len(d.demote) == 0
+    assert d.stats["hot_threshold"] == 30.0
+    check_invariants(st, d, ctx)
+
+
+def test_heuristic_budget_with_huge_units():
+    # a huge hot unit (512 pages) does not fit the 100-page budget; the small ones behind it do
+    heat = [90, 80, 70, 60]
+    st = make_state(heat=heat, node=[SLOW] * 4, npages=[1, 512, 1, 1])
+    ctx = Context(fast_budget=100)
+    d = create("heuristic").decide(st, ctx)
+    assert sorted(d.promote) == [0, 2, 3]
+    assert fast_after(st, d, ctx) <= ctx.fast_budget
+    # with room for it, it goes too
+    ctx = Context(fast_budget=1000)
+    d = create("heuristic").decide(st, ctx)
+    assert sorted(d.promote) == [0, 1, 2, 3]
+    check_invariants(st, d, ctx)
+
+
+def test_heuristic_rate_limit():
+    st = make_state(heat=np.arange(100, 0, -1), node=[SLOW] * 100)
+    ctx = Context(fast_budget=1000, max_moves=10)
+    d = create("heuristic").decide(st, ctx)
+    assert pages(st, d.promote) == 10
+    assert sorted(d.promote) == list(range(10))  # the 10 hottest
+    check_invariants(st, d, ctx)
+
+
+def test_heuristic_hysteresis_prevents_move_back():
+    now = 100
+    # 0: cold, promoted last interval -> stays; 1: hot, demoted last interval -> stays on slow
+    st = make_state(heat=[0, 50, 0, 0], node=[FAST, SLOW, FAST, FAST],
+                    last_move=[now - 1, now - 1, NEVER, NEVER], interval=now)
+    ctx = Context(fast_budget=2)  # over the high watermark: cold units must go
+    d = create("heuristic").decide(st, ctx)
+    assert 0 not in d.demote and 1 not in d.promote
+    assert set(d.demote) <= {2, 3} and len(d.demote) >= 1
+    # after min_residency intervals, both may move
+    st.interval = now + 5
+    d = create("heuristic").decide(st, ctx)
+    assert 1 in d.promote
+
+
+def test_heuristic_margin_blocks_small_gains():
+    # fast node full of units of heat 10; a slow unit of heat 11 is not worth a swap, 20 is
+    for slow_heat, swapped in [(11, False), (20, True)]:
+        st = make_state(heat=[10] * 10 + [slow_heat], node=[FAST] * 10 + [SLOW])
+        ctx = Context(fast_budget=10)
+        d = create("heuristic", {"high_watermark": 1.0, "low_watermark": 1.0}).decide(st, ctx)
+        assert (10 in d.promote) is swapped, slow_heat
+        assert len(d.demote) == (1 if swapped else 0)
+        check_invariants(st, d, ctx)
+
+
+def test_heuristic_watermark_demotes_coldest():
+    heat = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 10
+    st = make_state(heat=heat, node=[FAST] * 100)
+    ctx = Context(fast_budget=100)  # 100% used > 95% high watermark -> down to 85%
+    d = create("heuristic").decide(st, ctx)
+    assert pages(st, d.demote) == 15
+    assert st.heat[d.demote].max() <= 2  # the coldest went
+    assert len(d.promote) == 0
+    assert fast_after(st, d, ctx) == 85
+
+
+def test_heuristic_throttles_when_hot_set_exceeds_budget():
+    st = make_state(heat=np.full(1000, 50.0), node=[SLOW] * 1000)
+    ctx = Context(fast_budget=100, max_moves=40)
+    d = create("heuristic").decide(st, ctx)
+    assert d.stats["throttled"] and "oversubscribed" in d.stats["throttle_reasons"]
+    assert pages(st, d.promote) == 10  # 40 * throttle_scale 0.25
+    check_invariants(st, d, ctx)
+
+
+def test_heuristic_throttles_on_move_backs():
+    now = 100
+    # hot units demoted 3 intervals ago (past min_residency, within thrash_window) come back
+    st = make_state(heat=[50] * 20, node=[SLOW] * 20, last_move=[now - 3] * 20, interval=now)
+    ctx = Context(fast_budget=100, max_moves=20)
+    d = create("heuristic").decide(st, ctx)
+    assert d.stats["throttled"] and d.stats["throttle_reasons"] == ["move-backs"]
+    assert pages(st, d.promote) == 5
+    # the same units, never moved before: no throttle
+    st = make_state(heat=[50] * 20, node=[SLOW] * 20, interval=now)
+    d = create("heuristic").decide(st, ctx)
+    assert not d.stats["throttled"] and pages(st, d.promote) == 20
+
+
+def test_heuristic_over_budget_demotes_even_recent():
+    now = 100
+    st = make_state(heat=[0] * 10, node=[FAST] * 10, last_move=[now] * 10, interval=now)
+    ctx = Context(fast_budget=5)
+    d = create("heuristic").decide(st, ctx)
+    assert fast_after(st, d, ctx) <= 5
+
+
+def test_heuristic_pattern_stable_phased_irregular():
+    pol = create("heuristic", {"history": 4})
+    ctx = Context(fast_budget=10)
+    hot_a = np.r_[np.full(10, 50.0), np.zeros(90)]
+    seen = []
+    for i in range(5):
+        d = pol.decide(make_state(heat=hot_a, node=[SLOW] * 100, interval=i + 1), ctx)
+        seen.append(d.stats["pattern"])
+    assert seen[0] == "warmup" and seen[-1] == "stable"
+    assert d.stats["interval_scale"] > 1
+    hot_b = np.roll(hot_a, 50)  # a different hot set: a phase change
+    d = pol.decide(make_state(heat=hot_b, node=[SLOW] * 100, interval=7), ctx)
+    assert d.stats["pattern"] == "phased" and d.stats["phase_change"]
+    assert d.stats["interval_scale"] < 1
+    # a hot set that changes every interval: irregular
+    pol = create("heuristic", {"history": 4})
+    rng = np.random.default_rng(1)
+    for i in range(8):
+        d = pol.decide(make_state(heat=rng.permutation(hot_a), node=[SLOW] * 100, interval=i + 1), ctx)
+    assert d.stats["pattern"] == "irregular"
+
+
+def test_heuristic_survives_units_appearing_and_disappearing():
+    pol = create("heuristic")
+    ctx = Context(fast_budget=20)
+    st = make_state(heat=np.r_[np.full(10, 50.0), np.zeros(90)], node=[SLOW] * 100, interval=1)
+    pol.decide(st, ctx)
+    # the same hot units, at other indices: 50 new cold units mapped below them
+    st2 = make_state(heat=np.r_[np.zeros(50), np.full(10, 50.0), np.zeros(5)], node=[SLOW] * 65,
+                     interval=2)
+    st2.a["addr"] = np.r_[np.arange(50) * 4096, st.a["addr"][:15]].astype(np.uint64)
+    d = pol.decide(st2, ctx)
+    assert d.stats["jaccard"] == 1.0
+    assert sorted(d.promote) == list(range(50, 60))
+
+
+# --- all policies ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_unknown_node_never_chosen(name):
+    heat = [50, 50, 50, 0, 0]
+    st = make_state(heat=heat, node=[-1, -1, SLOW, -1, FAST], last_access=[100] * 5)
+    ctx = Context(fast_budget=0)
+    pol = create(name)
+    for i in range(3):  # lru needs a second access
+        st.interval = st.a["last_access"][:] = 100 + i
+        d = pol.decide(st, ctx)
+        assert (st.node[d.promote] != -1).all() and (st.node[d.demote] != -1).all()
+        check_invariants(st, d, ctx)
+    ctx = Context(fast_budget=10)
+    d = pol.decide(st, ctx)
+    assert set(d.promote) <= {2}
+
+
+def test_first_touch_does_nothing():
+    st = make_state(heat=[50, 0, 9], node=[SLOW, FAST, SLOW])
+    d = create("first-touch").decide(st, Context(fast_budget=0))
+    assert len(d.promote) == 0 and len(d.demote) == 0
+
+
+def _step(st, interval, accessed):
+    st.interval = interval
+    st.a["last_access"][np.asarray(accessed, int)] = interval
+
+
+def test_lru_promotes_on_second_access():
+    pol = create("lru", {"window": 3})
+    ctx = Context(fast_budget=10)
+    st = make_state(heat=[1, 1, 0, 0], node=[SLOW] * 4, last_access=[NEVER] * 4, interval=1)
+    _step(st, 1, [0, 1])
+    assert len(pol.decide(st, ctx).promote) == 0  # first access: not yet
+    _step(st, 2, [0])
+    assert list(pol.decide(st, ctx).promote) == [0]  # second access within the window
+    _step(st, 3, [])
+    _step(st, 6, [1])  # unit 1 again, but its first access is out of the window
+    d = pol.decide(st, ctx)
+    assert 1 not in d.promote
+
+
+def test_lru_demotes_least_recently_used_for_room():
+    pol = create("lru", {"window": 4})
+    ctx = Context(fast_budget=3)
+    # fast: units 0,1,2 last accessed at 5, 1, 3; slow unit 3 accessed at 8 and 9
+    st = make_state(heat=[1] * 4, node=[FAST, FAST, FAST, SLOW], last_access=[5, 1, 3, 8], interval=8)
+    pol.decide(st, ctx)
+    _step(st, 9, [3])
+    d = pol.decide(st, ctx)
+    assert list(d.promote) == [3] and list(d.demote) == [1]
+    check_invariants(st, d, ctx)
+
+
+def test_heat_classes_fill_hottest_class_first():
+    pol = create("heat-classes", {"classes": 4, "min_heat": 1.0})
+    assert list(pol.heat_class(np.array([0, 0.9, 1, 1.9, 2, 3.9, 4, 100]))) == [0, 0, 1, 1, 2, 2, 3, 3]
+    # classes: 0 -> 3 (heat 8), 1,2 -> 2 (heat 2.5), 3,4 -> 1 (heat 1), 5 -> 0 (heat 0.5)
+    st = make_state(heat=[8, 2.5, 2.5, 1, 1, 0.5], node=[SLOW] * 6)
+    d = pol.decide(st, Context(fast_budget=4))
+    assert list(d.promote[:3]) == [0, 1, 2] and len(d.promote) == 4
+    d = pol.decide(st, Context(fast_budget=10))
+    assert 5 not in d.promote and len(d.promote) == 5  # class 0 never promoted
+    # a hotter class displaces a colder one from a full fast node
+    st = make_state(heat=[1, 1, 8], node=[FAST, FAST, SLOW])
+    d = pol.decide(st, Context(fast_budget=2))
+    assert list(d.promote) == [2] and len(d.demote) == 1
+    # but not a unit of the same class
+    st = make_state(heat=[1, 1, 1.5], node=[FAST, FAST, SLOW])
+    d = pol.decide(st, Context(fast_budget=2))
+    assert len(d.promote) == 0 and len(d.demote) == 0
+
+
+# --- configuration --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, options, words",
+    [
+        ("heuristic", {"hot_treshold": 1.0}, ["hot_treshold", "unknown"]),
+        ("heuristic", {"min_residency": "2"}, ["min_residency", "int"]),
+        ("heuristic", {"min_residency": True}, ["min_residency", "int"]),
+        ("heuristic", {"high_watermark": 1.5}, ["high_watermark"]),
+        ("heuristic", {"low_watermark": 0.99}, ["low_watermark"]),
+        ("heuristic", {"throttle_scale": 0.0}, ["throttle_scale"]),
+        ("heuristic", {"thrash_window": 1}, ["thrash_window"]),
+        ("heuristic", {"history": 1}, ["history"]),
+        ("heuristic", {"phase_jaccard": 0.9}, ["phase_jaccard"]),
+        ("lru", {"window": 1}, ["window"]),
+        ("lru", {"windows": 3}, ["windows"]),
+        ("heat-classes", {"classes": 1}, ["classes"]),
+        ("heat-classes", {"min_heat": 0}, ["min_heat"]),
+        ("heat-classes", {"classes": 2.5}, ["classes", "int"]),
+        ("first-touch", {"anything": 1}, ["anything"]),
+    ],
+)
+def test_config_errors_name_the_key(name, options, words):
+    with pytest.raises(ConfigError) as e:
+        create(name, options)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_config_accepts_ints_for_floats():
+    pol = create("heuristic", {"min_heat": 2, "high_watermark": 1})
+    assert pol.config.min_heat == 2.0 and isinstance(pol.config.min_heat, float)
+
+
+# --- properties -----------------------------------------------------------------------------
+
+
+def _random_state(rng, n, interval):
+    npages = np.where(rng.random(n) < 0.05, 512, 1)
+    heat = np.where(rng.random(n) < 0.5, rng.exponential(5, n), 0).astype(np.float32)
+    node = rng.choice([-1, FAST, SLOW, 2], n, p=[0.05, 0.4, 0.5, 0.05])
+    last_move = np.where(rng.random(n) < 0.3, interval - rng.integers(0, 10, n), NEVER)
+    last_access = np.where(heat > 0, interval - rng.integers(0, 4, n), NEVER)
+    return make_state(heat=heat, node=node, npages=npages, last_move=last_move,
+                      last_access=last_access, interval=interval)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("seed", range(6))
+def test_budget_and_rate_invariants_random(name, seed):
+    """Over simulated intervals (moves applied), no decision breaks the budget or rate limit."""
+    rng = np.random.default_rng(seed)
+    pol = create(name)
+    st = _random_state(rng, int(rng.integers(1, 3000)), interval=10)
+    for step in range(12):
+        used = pages(st, np.flatnonzero(st.node == FAST))
+        budget = int(rng.integers(0, 2 * used + 600))
+        ctx = Context(fast_budget=budget, max_moves=int(rng.choice([0, 1, 100, 600, 1 << 62])))
+        d = pol.decide(st, ctx)
+        check_invariants(st, d, ctx)
+        st.record_moves(d.promote, FAST)
+        st.record_moves(d.demote, SLOW)
+        # next interval: heat decays, some units are accessed, some vanish, some appear
+        st.begin_interval()
+        hit = rng.random(len(st)) < 0.2
+        st.a["heat"][hit] += rng.exponential(5, int(hit.sum())).astype(np.float32)
+        st.a["last_access"][hit] = st.interval
+        keep = rng.random(len(st)) > 0.05
+        st.a = st.a[keep]
+
+
+# --- speed ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_decide_one_million_units(name, capsys):
+    rng = np.random.default_rng(0)
+    n = 1_000_000
+    st = _random_state(rng, n, interval=100)
+    ctx = Context(fast_budget=n // 2, max_moves=65536)
+    pol = create(name)
+    pol.decide(st, ctx)  # warm up (lru, heuristic keep history)
+    t = time.perf_counter()
+    d = pol.decide(st, ctx)
+    dt = time.perf_counter() - t
+    with capsys.disabled():
+        print(f"\n{name}: decide on {n} units took {dt * 1000:.0f} ms "
+              f"({len(d.promote)} promote, {len(d.demote)} demote)")
+    check_invariants(st, d, ctx)
+    assert dt < 5.0
