@@ -360,9 +360,11 @@ def test_decide_one_million_units(name, capsys):
     rng = np.random.default_rng(0)
     n = 1_000_000
     st = _random_state(rng, n, interval=100)
-    ctx = Context(fast_budget=n // 2, max_moves=65536)
+    # the fast node at its budget, a 256 MiB-per-interval rate limit
+    ctx = Context(fast_budget=pages(st, np.flatnonzero(st.node == FAST)), max_moves=65536)
     pol = create(name)
     pol.decide(st, ctx)  # warm up (lru, heuristic keep history)
+    _step(st, st.interval + 1, np.flatnonzero(rng.random(n) < 0.2))
     t = time.perf_counter()
     d = pol.decide(st, ctx)
     dt = time.perf_counter() - t
@@ -371,3 +373,19 @@ def test_decide_one_million_units(name, capsys):
               f"({len(d.promote)} promote, {len(d.demote)} demote)")
     check_invariants(st, d, ctx)
     assert dt < 5.0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_empty_state(name):
+    st = make_state(heat=[], node=[])
+    d = create(name).decide(st, Context(fast_budget=10, max_moves=10))
+    assert len(d.promote) == 0 and len(d.demote) == 0
+
+
+def test_heuristic_huge_unit_over_rate_does_not_block_small_ones():
+    # the hottest unit is 512 pages but only 100 pages may move: the next ones still go
+    st = make_state(heat=[90, 80, 70], node=[SLOW] * 3, npages=[512, 1, 1])
+    ctx = Context(fast_budget=10_000, max_moves=100)
+    d = create("heuristic").decide(st, ctx)
+    assert sorted(d.promote) == [1, 2]
+    check_invariants(st, d, ctx)
