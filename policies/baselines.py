@@ -130,10 +130,11 @@ class HeatClasses(Policy):
         min_heat: float = 1.0
 
         def check(self):
+            where = "policy heat-classes: option"
             if self.classes < 2:
-                raise ConfigError(f"policy heat-classes: option 'classes' must be >= 2, got {self.classes!r}")
+                raise ConfigError(f"{where} 'classes' must be >= 2, got {self.classes!r}")
             if not self.min_heat > 0:
-                raise ConfigError(f"policy heat-classes: option 'min_heat' must be > 0, got {self.min_heat!r}")
+                raise ConfigError(f"{where} 'min_heat' must be > 0, got {self.min_heat!r}")
 
     def heat_class(self, heat: np.ndarray) -> np.ndarray:
         c = self.config
@@ -157,7 +158,8 @@ class HeatClasses(Policy):
         in_set[desired] = True
         promo = order[(in_set & ~fast)[order]]
         victims = np.flatnonzero(fast)
-        victims = victims[np.lexsort((cls[victims], in_set[victims]))]  # outside the set, coldest first
+        # outside the filled classes first, coldest first
+        victims = victims[np.lexsort((cls[victims], in_set[victims]))]
         p, d = plan_moves(
             npages, promo, cls[promo].astype(np.float64), victims, cls[victims].astype(np.float64),
             used=used, cap=budget, must=max(0, used - budget), max_moves=ctx.max_moves,

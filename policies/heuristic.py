@@ -185,7 +185,8 @@ class Heuristic(Policy):
 
         def check(self):
             def bad(key, why):
-                raise ConfigError(f"policy heuristic: option {key!r} {why}, got {getattr(self, key)!r}")
+                value = getattr(self, key)
+                raise ConfigError(f"policy heuristic: option {key!r} {why}, got {value!r}")
 
             if not self.min_heat >= 0:
                 bad("min_heat", "must be >= 0")

@@ -187,7 +187,8 @@ def test_heuristic_pattern_stable_phased_irregular():
     pol = create("heuristic", {"history": 4})
     rng = np.random.default_rng(1)
     for i in range(8):
-        d = pol.decide(make_state(heat=rng.permutation(hot_a), node=[SLOW] * 100, interval=i + 1), ctx)
+        st = make_state(heat=rng.permutation(hot_a), node=[SLOW] * 100, interval=i + 1)
+        d = pol.decide(st, ctx)
     assert d.stats["pattern"] == "irregular"
 
 
@@ -253,7 +254,8 @@ def test_lru_demotes_least_recently_used_for_room():
     pol = create("lru", {"window": 4})
     ctx = Context(fast_budget=3)
     # fast: units 0,1,2 last accessed at 5, 1, 3; slow unit 3 accessed at 8 and 9
-    st = make_state(heat=[1] * 4, node=[FAST, FAST, FAST, SLOW], last_access=[5, 1, 3, 8], interval=8)
+    st = make_state(heat=[1] * 4, node=[FAST, FAST, FAST, SLOW], last_access=[5, 1, 3, 8],
+                    interval=8)
     pol.decide(st, ctx)
     _step(st, 9, [3])
     d = pol.decide(st, ctx)
@@ -263,7 +265,8 @@ def test_lru_demotes_least_recently_used_for_room():
 
 def test_heat_classes_fill_hottest_class_first():
     pol = create("heat-classes", {"classes": 4, "min_heat": 1.0})
-    assert list(pol.heat_class(np.array([0, 0.9, 1, 1.9, 2, 3.9, 4, 100]))) == [0, 0, 1, 1, 2, 2, 3, 3]
+    heat = np.array([0, 0.9, 1, 1.9, 2, 3.9, 4, 100])
+    assert list(pol.heat_class(heat)) == [0, 0, 1, 1, 2, 2, 3, 3]
     # classes: 0 -> 3 (heat 8), 1,2 -> 2 (heat 2.5), 3,4 -> 1 (heat 1), 5 -> 0 (heat 0.5)
     st = make_state(heat=[8, 2.5, 2.5, 1, 1, 0.5], node=[SLOW] * 6)
     d = pol.decide(st, Context(fast_budget=4))
