@@ -4,6 +4,7 @@ No root, no kernel: each case builds a small PageState by hand where the right a
 """
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -61,6 +62,7 @@ def check_invariants(st, d, ctx):
     assert after <= max(ctx.fast_budget, used)
     if pages(st, d.promote):
         assert after <= ctx.fast_budget
+    json.dumps(d.stats)  # the daemon reports the stats as JSON
 
 
 # --- heuristic ------------------------------------------------------------------------------
