@@ -1,0 +1,184 @@
+"""The daemon's configuration: a TOML file (see scripts/pagetier.toml), overridden by CLI options.
+
+Validation is strict: an unknown key, a wrong type or a bad size is a ConfigError naming the key
+and where it came from. Sizes are bytes, as an integer or a string such as "96M" or "2G"
+(binary units: K = 1024). Rates are MB/s with MB = 2**20 bytes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pagetier.errors import ConfigError, Unavailable
+
+NODE_ROOT = Path("/sys/devices/system/node")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+@dataclass
+class Config:
+    policy: str = "heuristic"  # a name from pagetier.policies
+    policy_options: dict = field(default_factory=dict)  # passed to policies.create
+    fast_node: int = 0
+    slow_node: int = 1
+    fast_budget: int | None = None  # bytes the targets may keep on the fast node
+    fast_free_watermark: int | None = None  # or: keep this many bytes free on the fast node
+    rate: float = 512.0  # MB/s of migrations at most; 0: no limit
+    interval: float = 1.0  # seconds
+    profiler: str = "kmod"
+    profiler_options: dict = field(default_factory=dict)  # passed to the profiler backend
+    dry_run: bool = False  # decide and report, move nothing
+    log_file: str | None = None
+    json: bool = False  # one JSON stats line per interval on stdout
+    ping_pong_window: int = 4  # a unit moved back within this many intervals is a ping-pong
+    source: str = field(default="defaults", compare=False)  # where the values came from
+
+    def check(self) -> None:
+        where = self.source
+        if self.interval <= 0:
+            raise ConfigError(f"{where}: interval must be > 0 seconds, got {self.interval}")
+        if self.rate < 0:
+            raise ConfigError(f"{where}: rate must be >= 0 MB/s (0: no limit), got {self.rate}")
+        if self.fast_node == self.slow_node:
+            raise ConfigError(f"{where}: fast_node and slow_node are both {self.fast_node}")
+        if self.fast_node < 0 or self.slow_node < 0:
+            raise ConfigError(f"{where}: node numbers must be >= 0")
+        if self.fast_budget is not None and self.fast_free_watermark is not None:
+            raise ConfigError(f"{where}: give fast_budget or fast_free_watermark, not both")
+        if self.ping_pong_window < 1:
+            raise ConfigError(f"{where}: ping_pong_window must be >= 1 interval")
+
+
+# key -> (accepted python types, description for messages)
+_TYPES = {
+    "policy": ((str,), "a string"),
+    "policy_options": ((dict,), "a table"),
+    "fast_node": ((int,), "an integer"),
+    "slow_node": ((int,), "an integer"),
+    "fast_budget": ((int, str), "a size (bytes, or a string like \"96M\")"),
+    "fast_free_watermark": ((int, str), "a size (bytes, or a string like \"1G\")"),
+    "rate": ((int, float), "a number (MB/s)"),
+    "interval": ((int, float), "a number (seconds)"),
+    "profiler": ((str,), "a string"),
+    "profiler_options": ((dict,), "a table"),
+    "dry_run": ((bool,), "true or false"),
+    "log_file": ((str,), "a string"),
+    "json": ((bool,), "true or false"),
+    "ping_pong_window": ((int,), "an integer"),
+}
+KEYS = tuple(_TYPES)
+
+
+def parse_size(value, key: str = "size", where: str = "") -> int:
+    """Bytes from an int or a string like "96M", "2G", "512K", "4096", "1.5G", "96MiB"."""
+    pre = f"{where}: " if where else ""
+    if isinstance(value, bool):
+        raise ConfigError(f"{pre}{key} must be a size like \"96M\", got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{pre}{key} must not be negative, got {value}")
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", value, re.IGNORECASE)
+        if m:
+            return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    raise ConfigError(f"{pre}{key} must be a size like \"96M\" or \"2G\" (binary units), got {value!r}")
+
+
+def _validate(raw: dict, where: str) -> dict:
+    out = {}
+    for key, value in raw.items():
+        if key not in _TYPES:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(KEYS)})")
+        types, desc = _TYPES[key]
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            raise ConfigError(f"{where}: key {key!r} must be {desc}, got {type(value).__name__} {value!r}")
+        if key in ("fast_budget", "fast_free_watermark"):
+            value = parse_size(value, key, where)
+        elif key in ("rate", "interval"):
+            value = float(value)
+        out[key] = value
+    return out
+
+
+def load(path: str | os.PathLike | None = None, overrides: dict | None = None) -> Config:
+    """Config from the TOML file ``path`` (if any) with ``overrides`` (CLI options; None values
+    mean "not given") applied on top. Does not check the nodes: see :func:`check_nodes`."""
+    values: dict = {}
+    sources = []
+    if path is not None:
+        where = f"config {path}"
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{where}: no such file")
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot read it: {e.strerror}")
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{where}: not valid TOML: {e}")
+        values.update(_validate(raw, where))
+        sources.append(str(path))
+    ov = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if ov:
+        parsed = _validate(ov, "command line")
+        if "fast_budget" in parsed:
+            values.pop("fast_free_watermark", None)  # a CLI budget replaces a file watermark
+        if "fast_free_watermark" in parsed:
+            values.pop("fast_budget", None)
+        for key in ("policy_options", "profiler_options"):  # CLI keys add to the file's table
+            if key in parsed:
+                parsed[key] = {**values.get(key, {}), **parsed[key]}
+        values.update(parsed)
+        sources.append("command line")
+    cfg = Config(**values, source=" + ".join(sources) or "defaults")
+    cfg.check()
+    return cfg
+
+
+def as_dict(cfg: Config) -> dict:
+    d = dataclasses.asdict(cfg)
+    d.pop("source")
+    return d
+
+
+def nodes_with_memory(root: Path = NODE_ROOT) -> list[int]:
+    """Nodes that have memory, from sysfs (what `numactl -H` lists)."""
+    try:
+        text = (root / "has_memory").read_text().strip()
+    except OSError:
+        text = ",".join(p.name[4:] for p in root.glob("node[0-9]*"))
+    nodes: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        nodes.extend(range(int(lo), int(hi or lo) + 1))
+    return sorted(nodes)
+
+
+def check_nodes(cfg: Config, root: Path = NODE_ROOT) -> None:
+    """Raise Unavailable when fast_node or slow_node has no memory on this machine."""
+    have = nodes_with_memory(root)
+    for key in ("fast_node", "slow_node"):
+        n = getattr(cfg, key)
+        if n not in have:
+            shown = ", ".join(map(str, have)) or "none"
+            raise Unavailable(
+                f"{key} {n}: no such NUMA node with memory on this machine (nodes with memory: "
+                f"{shown}, as `numactl -H` shows); set {key} in the config file or --{key.replace('_', '-')}"
+            )
+
+
+def node_meminfo(node: int, root: Path = NODE_ROOT) -> dict[str, int]:
+    """Bytes from /sys/devices/system/node/nodeN/meminfo (MemTotal, MemFree, ...)."""
+    out = {}
+    for line in (root / f"node{node}" / "meminfo").read_text().splitlines():
+        # "Node 0 MemFree:        123456 kB"
+        parts = line.split()
+        if len(parts) >= 4:
+            out[parts[2].rstrip(":")] = int(parts[3]) * (1024 if parts[-1] == "kB" else 1)
+    return out

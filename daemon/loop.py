@@ -1,0 +1,580 @@
+"""The daemon loop: every interval read the profiler, ask the policy, move within budget and rate.
+
+One interval (:meth:`Daemon.step`):
+
+1. each target's counts (``profiler.read(pid, reset=True)``) merged into the PageState;
+2. units of unknown node looked up with ``mover.query_nodes``;
+3. the policy's Decision, given a Context with the fast budget and the rate limit in pages;
+4. demotions first (the policy's, then the daemon's own when the targets are over budget,
+   coldest first), then the promotions that fit in the budget left and the rate left — the
+   daemon enforces both whatever the policy returns;
+5. the moves (``mover.move``; nothing in a dry run), recorded in the state; units whose pages
+   are gone are forgotten, a full node (ENOMEM) ends this interval's moves;
+6. a stats dict, printed as a JSON line (``--json``) or a short human line, and written to
+   the status file that ``pagetier status`` reads.
+
+Targets that exit are detached and dropped. SIGTERM/SIGINT stop the loop cleanly (the profiler
+detached, numa_balancing restored); SIGHUP reloads the configuration.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from pagetier.daemon import config as config_mod
+from pagetier.daemon import mover as mover_mod
+from pagetier.daemon.numab import NumaBalancing, run_dir
+from pagetier.daemon.state import NEVER, PageState
+from pagetier.errors import ConfigError, PagetierError
+from pagetier.profiler.base import PAGE_SIZE
+
+log = logging.getLogger("pagetier.daemon")
+
+MIB = 1 << 20
+
+
+def _jsonable(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def create_profiler(cfg):
+    from pagetier.profiler import base
+
+    try:
+        return base.create(cfg.profiler, **cfg.profiler_options)
+    except TypeError as e:
+        raise ConfigError(f"{cfg.source}: bad profiler_options for profiler {cfg.profiler!r}: {e}")
+
+
+def create_policy(cfg):
+    from pagetier import policies
+
+    try:
+        return policies.create(cfg.policy, cfg.policy_options)
+    except ConfigError as e:
+        raise ConfigError(f"{cfg.source}: {e}")
+
+
+def _unique_in_order(idx: np.ndarray, n: int) -> np.ndarray:
+    """Valid (0 <= i < n) indices of ``idx``, duplicates dropped, first occurrence order kept."""
+    idx = np.asarray(idx, np.int64).ravel()
+    idx = idx[(idx >= 0) & (idx < n)]
+    _, first = np.unique(idx, return_index=True)
+    return idx[np.sort(first)]
+
+
+def _fit(idx: np.ndarray, npages: np.ndarray, limit: int) -> np.ndarray:
+    """The longest prefix of ``idx`` whose pages add up to at most ``limit``."""
+    if limit <= 0 or not len(idx):
+        return idx[:0]
+    c = np.cumsum(npages[idx].astype(np.int64))
+    return idx[: int(np.searchsorted(c, limit, side="right"))]
+
+
+def update_state(st: PageState, sample) -> None:
+    """``st.update(sample)``; works around PageState.update indexing an empty key array when
+    the state holds no unit yet (the first sample): the first units are seeded here."""
+    if len(st) or not len(sample):
+        st.update(sample)
+        return
+    from pagetier.daemon.state import DTYPE, F_PRESENT, _keys
+
+    t = st.target_index(sample.pid)
+    n = np.zeros(len(sample), DTYPE)
+    n["addr"] = sample.addr
+    n["count"] = sample.count
+    n["heat"] = sample.count
+    n["last_access"] = np.where(sample.count > 0, st.interval, NEVER)
+    n["last_move"] = NEVER
+    n["target"] = t
+    n["npages"] = sample.npages
+    n["node"] = sample.node
+    n["flags"] = F_PRESENT
+    st.a = n[np.argsort(_keys(n["target"], n["addr"]), kind="stable")]
+
+
+class Daemon:
+    """Manages the placement of the pages of ``pids`` (and of ``cgroup``'s processes, and of
+    ``child``, a started command) until they all exit, ``duration`` passes, or it is stopped."""
+
+    def __init__(self, cfg, *, pids=(), cgroup: str | None = None,
+                 child: subprocess.Popen | None = None, profiler=None, policy=None, mover=None,
+                 numab: NumaBalancing | bool | None = None, duration: float | None = None,
+                 out=None, config_path=None, overrides: dict | None = None,
+                 status_path: str | os.PathLike | None = None, handle_signals: bool = True,
+                 node_root: Path = config_mod.NODE_ROOT, state: PageState | None = None):
+        self.cfg = cfg
+        self.config_path, self.overrides = config_path, overrides
+        self.profiler = profiler if profiler is not None else create_profiler(cfg)
+        self.policy = policy if policy is not None else create_policy(cfg)
+        self.mover = mover if mover is not None else mover_mod
+        if numab is None or numab is True:
+            numab = NumaBalancing(dry_run=cfg.dry_run)
+        self.numab = numab or None
+        self.state = state if state is not None else PageState()
+        self.child = child
+        self.cgroup = Path(cgroup) if cgroup else None
+        self.duration = duration
+        self.out = out if out is not None else sys.stdout
+        self.status_path = Path(status_path) if status_path else run_dir() / f"daemon-{os.getpid()}.json"
+        self.handle_signals = handle_signals
+        self.node_root = node_root
+        self.targets: set[int] = set()
+        self._initial = [int(p) for p in pids] + ([child.pid] if child is not None else [])
+        self._attach_failed: set[int] = set()
+        self.stop_reason: str | None = None
+        self._reload = False
+        self._signal: int | None = None
+        self.history: list[dict] = []  # kept short: the last few stats
+        self.totals = {k: 0 for k in ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved",
+                                      "ping_pongs", "forced_demotions", "clipped")}
+        self.started = time.time()
+        self._t0 = time.monotonic()
+        self.last: dict | None = None
+
+    # ------------------------------------------------------------------ targets
+    def _alive(self, pid: int) -> bool:
+        if self.child is not None and pid == self.child.pid:
+            return self.child.poll() is None
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied:
+            return True
+
+    def attach(self, pid: int, strict: bool = True) -> bool:
+        if pid in self.targets:
+            return True
+        try:
+            self.profiler.attach(pid)
+        except (PagetierError, OSError) as e:
+            if strict:
+                raise
+            if pid not in self._attach_failed:
+                log.warning("cannot attach to pid %d: %s", pid, e)
+                self._attach_failed.add(pid)
+            return False
+        self.targets.add(pid)
+        log.info("attached to pid %d (%s)", pid, self._name(pid))
+        return True
+
+    def drop(self, pid: int, why: str = "exited") -> None:
+        if pid not in self.targets:
+            return
+        self.targets.discard(pid)
+        try:
+            self.profiler.detach(pid)
+        except Exception as e:  # the process is gone; the profiler may say so
+            log.debug("detach %d: %s", pid, e)
+        self.state.forget_target(pid)
+        log.info("pid %d %s: detached", pid, why)
+
+    @staticmethod
+    def _name(pid: int) -> str:
+        try:
+            return psutil.Process(pid).name()
+        except psutil.Error:
+            return "?"
+
+    def cgroup_pids(self) -> set[int] | None:
+        """Processes in the cgroup, or None when the cgroup is gone."""
+        try:
+            text = (self.cgroup / "cgroup.procs").read_text()
+        except FileNotFoundError:
+            return None
+        return {int(x) for x in text.split()}
+
+    def refresh_targets(self) -> None:
+        for pid in list(self.targets):
+            if not self._alive(pid):
+                self.drop(pid)
+        if self.cgroup is not None:
+            procs = self.cgroup_pids()
+            if procs is None:
+                self.stop_reason = f"cgroup {self.cgroup} is gone"
+                return
+            for pid in procs - self.targets:
+                self.attach(pid, strict=False)
+            for pid in self.targets - procs:
+                self.drop(pid, "left the cgroup")
+            self._attach_failed &= procs
+
+    # ------------------------------------------------------------------ budget and rate
+    def budget_pages(self) -> int:
+        cfg = self.cfg
+        if cfg.fast_budget is not None:
+            return cfg.fast_budget // PAGE_SIZE
+        try:
+            info = config_mod.node_meminfo(cfg.fast_node, self.node_root)
+        except (OSError, ValueError):
+            return 1 << 62
+        if cfg.fast_free_watermark is not None:
+            spare = max(0, info.get("MemFree", 0) - cfg.fast_free_watermark) // PAGE_SIZE
+            return self.state.pages_on(cfg.fast_node) + spare
+        total = info.get("MemTotal")
+        return total // PAGE_SIZE if total else 1 << 62
+
+    def rate_pages(self) -> int:
+        return mover_mod.rate_pages(self.cfg.rate, self.cfg.interval)
+
+    # ------------------------------------------------------------------ planning
+    def plan_demotions(self, demote, promote, budget: int, limit: int):
+        """(policy demotions, forced demotions) that fit in ``limit`` pages, as unit indices.
+
+        Forced: when the fast node still holds more than ``budget`` pages of the targets, the
+        coldest fast units (lowest heat, then least recently accessed) not being promoted.
+        """
+        st, fast, slow = self.state, self.cfg.fast_node, self.cfg.slow_node
+        n = len(st)
+        promote = _unique_in_order(promote, n)
+        demote = _unique_in_order(demote, n)
+        demote = demote[(st.node[demote] != slow) & (st.node[demote] >= 0)]
+        demote = demote[~np.isin(demote, promote)]
+        demote = _fit(demote, st.npages, limit)
+        used = st.pages_on(fast) - int(st.npages[demote].sum(dtype=np.int64))
+        forced = demote[:0]
+        if used > budget:
+            cand = np.flatnonzero(st.node == fast)
+            cand = cand[~np.isin(cand, demote) & ~np.isin(cand, promote)]
+            order = np.lexsort((st.last_access[cand], st.heat[cand]))
+            cand = cand[order]
+            c = np.cumsum(st.npages[cand].astype(np.int64))
+            k = int(np.searchsorted(c, used - budget, side="left")) + 1
+            left = limit - int(st.npages[demote].sum(dtype=np.int64))
+            forced = _fit(cand[:k], st.npages, left)
+        return demote, forced
+
+    def plan_promotions(self, promote, budget: int, limit: int, fast_used: int) -> np.ndarray:
+        """The policy's promotions, in its order, that fit in the budget and in ``limit``."""
+        st = self.state
+        promote = _unique_in_order(promote, len(st))
+        promote = promote[st.node[promote] != self.cfg.fast_node]
+        return _fit(promote, st.npages, min(limit, budget - fast_used))
+
+    # ------------------------------------------------------------------ moving
+    def _move(self, idx: np.ndarray, node: int, acc: dict, forget: list, gone_pids: set) -> bool:
+        """Move units ``idx`` to ``node``; update the state and ``acc``. False after ENOMEM."""
+        st = self.state
+        if not len(idx):
+            return True
+        pids = st.pid_of(idx)
+        ok = True
+        for pid in np.unique(pids).tolist():
+            sel = idx[pids == pid]
+            if pid in gone_pids:
+                continue
+            try:
+                res = self.mover.move(int(pid), st.addresses(sel), node)
+            except mover_mod.MoveError as e:
+                if e.errno == 3:  # ESRCH
+                    gone_pids.add(pid)
+                    continue
+                raise
+            moved = sel[res.moved]
+            window = self.cfg.ping_pong_window
+            last = st.last_move[moved]
+            acc["ping_pongs"] += int(((last != NEVER) & (st.interval - last <= window)).sum())
+            pages = int(st.npages[moved].sum(dtype=np.int64))
+            acc["moved_pages"] += pages
+            acc["bytes_moved"] += pages * PAGE_SIZE
+            st.record_moves(moved, node)
+            if hasattr(self.profiler, "moved"):  # the stub profiler follows moves in tests
+                self.profiler.moved(int(pid), st.addresses(moved), node)
+            acc["busy"] += int(st.npages[sel[res.busy]].sum(dtype=np.int64))
+            acc["failed"] += int(st.npages[sel[res.failed]].sum(dtype=np.int64))
+            acc["nomem"] += int(st.npages[sel[res.nomem]].sum(dtype=np.int64))
+            acc["gone"] += len(res.gone)
+            forget.append(sel[res.gone])
+            for k, v in res.errors.items():
+                acc["errors"][k] = acc["errors"].get(k, 0) + v
+            if res.stopped:
+                ok = False
+                break
+        return ok
+
+    def _fill_nodes(self) -> None:
+        """Ask the kernel for the node of units the profiler did not place."""
+        query = getattr(self.mover, "query_nodes", None)
+        st = self.state
+        unknown = np.flatnonzero(st.node < 0)
+        if query is None or not len(unknown):
+            return
+        pids = st.pid_of(unknown)
+        for pid in np.unique(pids).tolist():
+            sel = unknown[pids == pid]
+            try:
+                nodes = query(int(pid), st.addresses(sel))
+            except mover_mod.MoveError:
+                continue  # the process is gone: refresh_targets drops it
+            st.node[sel] = np.where(nodes >= 0, nodes, -1).astype(np.int8)
+
+    # ------------------------------------------------------------------ one interval
+    def step(self) -> dict:
+        from pagetier.policies import Context
+
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        cfg, st = self.cfg, self.state
+        st.begin_interval()
+        for pid in sorted(self.targets):
+            try:
+                sample = self.profiler.read(pid, reset=True)
+            except Exception:
+                if not self._alive(pid):
+                    self.drop(pid)
+                    continue
+                raise
+            update_state(st, sample)
+        self._fill_nodes()
+
+        budget, limit = self.budget_pages(), self.rate_pages()
+        ctx = Context(fast_node=cfg.fast_node, slow_node=cfg.slow_node, fast_budget=budget,
+                      max_moves=limit, interval=st.interval, now=time.monotonic() - self._t0,
+                      interval_s=cfg.interval)
+        t_dec = time.process_time()
+        dec = self.policy.decide(st, ctx)
+        decide_s = time.process_time() - t_dec
+
+        acc = {"moved_pages": 0, "bytes_moved": 0, "ping_pongs": 0, "busy": 0, "failed": 0,
+               "nomem": 0, "gone": 0, "errors": {}}
+        forget: list[np.ndarray] = []
+        gone_pids: set[int] = set()
+        demote, forced = self.plan_demotions(dec.demote, dec.promote, budget, limit)
+        all_demote = np.concatenate([demote, forced])
+        demoted_pages = int(st.npages[all_demote].sum(dtype=np.int64))
+        asked = len(_unique_in_order(dec.promote, len(st))) + len(_unique_in_order(dec.demote, len(st)))
+        if cfg.dry_run:
+            fast_used = st.pages_on(cfg.fast_node) - demoted_pages
+            promote = self.plan_promotions(dec.promote, budget, limit - demoted_pages, fast_used)
+            promoted_pages = int(st.npages[promote].sum(dtype=np.int64))
+        else:
+            ok = self._move(all_demote, cfg.slow_node, acc, forget, gone_pids)
+            demoted_pages = acc["moved_pages"]
+            acc["moved_pages"] = 0
+            promote = np.zeros(0, np.int64)
+            if ok:  # not after ENOMEM
+                fast_used = st.pages_on(cfg.fast_node)
+                promote = self.plan_promotions(dec.promote, budget, limit - demoted_pages, fast_used)
+                self._move(promote, cfg.fast_node, acc, forget, gone_pids)
+            promoted_pages = acc["moved_pages"]
+        clipped = asked - len(demote) - len(promote)
+        if forget:
+            st.forget(np.concatenate(forget))
+        for pid in gone_pids:
+            self.drop(pid)
+
+        resident: dict[str, int] = {}
+        if len(st):
+            nodes, inv = np.unique(st.node, return_inverse=True)
+            pages = np.bincount(inv.ravel(), weights=st.npages.astype(np.float64))
+            resident = {(str(int(n)) if n >= 0 else "unknown"): int(p) * PAGE_SIZE
+                        for n, p in zip(nodes, pages)}
+        fast_used_b = st.pages_on(cfg.fast_node) * PAGE_SIZE
+        stats = {
+            "interval": st.interval,
+            "t": round(time.monotonic() - self._t0, 3),
+            "targets": len(self.targets),
+            "units": len(st),
+            "promoted": promoted_pages,  # 4 KiB pages (planned ones in a dry run)
+            "demoted": demoted_pages,
+            "forced_demotions": int(len(forced)),
+            "failed": acc["failed"],
+            "busy": acc["busy"],
+            "nomem": acc["nomem"],
+            "gone": acc["gone"],
+            "clipped": int(max(0, clipped)),
+            "bytes_moved": acc["bytes_moved"],
+            "ping_pongs": acc["ping_pongs"],
+            "resident": resident,
+            "fast_used": fast_used_b,
+            "budget": int(min(budget, 1 << 50)) * PAGE_SIZE,
+            "rate_pages": int(min(limit, 1 << 50)),
+            "dry_run": cfg.dry_run,
+            "errors": acc["errors"],
+            "policy": dict(dec.stats),
+            "decide_s": round(decide_s, 6),
+            "cpu_s": round(time.process_time() - cpu0, 6),
+            "wall_s": round(time.monotonic() - wall0, 6),
+        }
+        for k in ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_pongs",
+                  "forced_demotions", "clipped"):
+            self.totals[k] += stats[k]
+        self.last = stats
+        self.history = (self.history + [stats])[-16:]
+        return stats
+
+    # ------------------------------------------------------------------ output
+    def emit(self, stats: dict) -> None:
+        if self.cfg.json:
+            line = json.dumps(stats, default=_jsonable, separators=(",", ":"))
+        else:
+            line = human_line(stats, self.cfg.fast_node, self.cfg.slow_node)
+        self.out.write(line + "\n")
+        self.out.flush()
+
+    def write_status(self) -> None:
+        doc = {
+            "pid": os.getpid(),
+            "started": self.started,
+            "updated": time.time(),
+            "config": config_mod.as_dict(self.cfg),
+            "config_source": self.cfg.source,
+            "targets": [{"pid": p, "name": self._name(p)} for p in sorted(self.targets)],
+            "cgroup": str(self.cgroup) if self.cgroup else None,
+            "totals": self.totals,
+            "last": self.last,
+        }
+        try:
+            self.status_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.status_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc, default=_jsonable))
+            os.replace(tmp, self.status_path)
+        except OSError as e:
+            if not getattr(self, "_status_warned", False):
+                log.warning("cannot write status file %s: %s", self.status_path, e)
+                self._status_warned = True
+
+    # ------------------------------------------------------------------ signals and reload
+    def _on_signal(self, signum, frame):
+        if signum == signal.SIGHUP:
+            self._reload = True
+            return
+        self._signal = signum
+        self.stop_reason = f"signal {signal.Signals(signum).name}"
+
+    def reload(self) -> None:
+        self._reload = False
+        try:
+            new = config_mod.load(self.config_path, self.overrides)
+            policy = self.policy
+            if (new.policy, new.policy_options) != (self.cfg.policy, self.cfg.policy_options):
+                policy = create_policy(new)
+        except PagetierError as e:
+            log.error("SIGHUP: config not reloaded, keeping the old one: %s", e)
+            return
+        for key in ("profiler", "profiler_options", "fast_node", "slow_node", "log_file"):
+            if getattr(new, key) != getattr(self.cfg, key):
+                log.warning("SIGHUP: %s changed; it takes a restart, keeping %r", key,
+                            getattr(self.cfg, key))
+                setattr(new, key, getattr(self.cfg, key))
+        self.cfg, self.policy = new, policy
+        log.info("SIGHUP: configuration reloaded from %s", new.source)
+
+    def _install_signals(self) -> dict:
+        old = {}
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return old
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            old[sig] = signal.signal(sig, self._on_signal)
+        return old
+
+    def _wait(self, until: float) -> None:
+        while self.stop_reason is None and self._signal is None:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            if self.child is not None and self.child.poll() is not None:
+                return
+            time.sleep(min(0.05, left))
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        """Manage until done; the exit status: the child's (128+signal if killed), else 0."""
+        old = self._install_signals()
+        try:
+            if self.numab is not None:
+                self.numab.disable()
+            for pid in self._initial:
+                try:
+                    self.attach(pid)
+                except (PagetierError, OSError):
+                    if self._alive(pid):
+                        raise
+                    log.info("pid %d exited before it could be attached", pid)
+            deadline = None if self.duration is None else self._t0 + self.duration
+            while self.stop_reason is None and self._signal is None:
+                if self._reload:
+                    self.reload()
+                self.refresh_targets()
+                if self.stop_reason:
+                    break
+                if not self.targets and self.cgroup is None:
+                    self.stop_reason = "all targets exited"
+                    break
+                t = time.monotonic()
+                stats = self.step()
+                self.emit(stats)
+                self.write_status()
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.stop_reason = f"--duration {self.duration:g} s reached"
+                    break
+                until = t + self.cfg.interval
+                if deadline is not None:
+                    until = min(until, deadline)
+                self._wait(until)
+            log.info("stopping: %s", self.stop_reason)
+        finally:
+            try:
+                self.profiler.close()
+            finally:
+                try:
+                    if self.numab is not None:
+                        self.numab.restore()
+                finally:
+                    self.status_path.unlink(missing_ok=True)
+                    for sig, h in old.items():
+                        signal.signal(sig, h)
+        return self._finish_child()
+
+    def _finish_child(self) -> int:
+        child = self.child
+        if child is None:
+            return 0
+        if child.poll() is None:
+            # stopped by a signal or --duration: pass the stop on to the command, like timeout(1)
+            sig = self._signal or signal.SIGTERM
+            log.info("sending %s to pid %d", signal.Signals(sig).name, child.pid)
+            child.send_signal(sig)
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                log.warning("pid %d did not exit in 30 s: killing it", child.pid)
+                child.kill()
+                child.wait()
+        rc = child.returncode
+        return 128 - rc if rc < 0 else rc
+
+
+def human_line(s: dict, fast: int, slow: int) -> str:
+    """One interval in under 80 columns."""
+    res = s.get("resident", {})
+    f = res.get(str(fast), 0) / MIB
+    w = res.get(str(slow), 0) / MIB
+    dry = " (dry)" if s.get("dry_run") else ""
+    budget = s["budget"] / MIB
+    budget_s = f"{budget:.0f}" if budget < 1 << 30 else "-"
+    line = (f"#{s['interval']:<4d} +{s['promoted'] * 4 // 1024:>5d}M -{s['demoted'] * 4 // 1024:>5d}M"
+            f"{dry} fast {s['fast_used'] / MIB:.0f}/{budget_s}M n{fast} {f:.0f}M n{slow} {w:.0f}M")
+    extra = []
+    if s.get("busy"):
+        extra.append(f"busy {s['busy']}")
+    if s.get("failed"):
+        extra.append(f"fail {s['failed']}")
+    if s.get("ping_pongs"):
+        extra.append(f"pp {s['ping_pongs']}")
+    extra.append(f"cpu {s['cpu_s'] * 1000:.1f}ms")
+    return line + " " + " ".join(extra)

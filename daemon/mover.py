@@ -1,0 +1,193 @@
+"""The one move_pages wrapper: libnuma's numa_move_pages through ctypes, batched, per-page status.
+
+Every page migration pagetier makes goes through :func:`move` (and every node query through
+:func:`query_nodes`). A unit is passed as its start address: the kernel migrates the folio that
+backs it, so a 2 MiB THP unit moves as one huge page.
+
+Per-page results, as the kernel reports them in ``status`` (mm/migrate.c, do_pages_move):
+
+========================  ==========  =============================================
+status                    outcome     what the daemon does
+========================  ==========  =============================================
+the destination node      moved       record the move
+-EBUSY, -EAGAIN           busy        try again in a later interval
+-ENOMEM                   nomem       stop moving for this interval (back off)
+-EFAULT, -ENOENT          gone        forget the unit (unmapped, or never touched)
+-EACCES (shared page)     failed      count it; MPOL_MF_MOVE moves only private pages
+anything else             failed      count it
+========================  ==========  =============================================
+
+When the kernel gives up on a batch part way (it then returns the number of pages it did not
+move), the pages it never reached keep the status we pre-filled and count as ``busy``.
+Whole-call errors are raised as :class:`MoveError` with a message saying what to do: ESRCH (the
+process is gone), EPERM (moving another user's pages needs CAP_SYS_NICE), EACCES, ENODEV (the
+node has no memory or does not exist).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pagetier.errors import PagetierError, Unavailable
+
+MPOL_MF_MOVE = 1 << 1  # move pages owned only by this process
+MPOL_MF_MOVE_ALL = 1 << 2  # move every page (CAP_SYS_NICE)
+BATCH = 4096  # pages per numa_move_pages call
+PAGE_SIZE = 4096
+MB = 1 << 20  # rates are in MB/s with MB = 2**20 bytes, like sizes ("96M")
+
+_NOT_REACHED = -(1 << 30)  # pre-filled status: the kernel did not get to this page
+
+_lib = None
+
+
+class MoveError(PagetierError):
+    """numa_move_pages failed as a whole; ``errno`` says why."""
+
+    def __init__(self, msg: str, err: int):
+        super().__init__(msg)
+        self.errno = err
+
+
+def libnuma():
+    """libnuma.so.1 with numa_move_pages bound; Unavailable when it is missing."""
+    global _lib
+    if _lib is None:
+        try:
+            lib = ctypes.CDLL("libnuma.so.1", use_errno=True)
+        except OSError as e:
+            raise Unavailable(f"libnuma.so.1 is missing ({e}): install libnuma1 (apt install libnuma1)")
+        f = lib.numa_move_pages
+        # int numa_move_pages(int pid, unsigned long count, void **pages, const int *nodes,
+        #                     int *status, int flags)
+        f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p,
+                      ctypes.c_void_p, ctypes.c_int]
+        f.restype = ctypes.c_long  # int in C; c_long reads the same register, sign extended
+        _lib = lib
+    return _lib
+
+
+def rate_pages(rate_mb_s: float, interval_s: float, page_size: int = PAGE_SIZE) -> int:
+    """Pages the rate limit allows per interval: ``rate_mb_s`` MB/s (MB = 2**20 bytes) over
+    ``interval_s`` seconds. A rate of 0 (or less) means no limit."""
+    if rate_mb_s <= 0:
+        return 1 << 62
+    return max(1, int(rate_mb_s * MB * interval_s) // page_size)
+
+
+def _online_nodes() -> str:
+    try:
+        with open("/sys/devices/system/node/has_memory") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def _call_error(err: int, pid: int, node: int | None) -> MoveError:
+    what = f"pid {pid}"
+    msgs = {
+        errno.ESRCH: f"{what}: no such process (it exited)",
+        errno.EPERM: f"{what}: not allowed to move its pages: moving another user's process "
+                     "needs root or CAP_SYS_NICE",
+        errno.EACCES: f"{what}: node {node} is not allowed for it (cpuset mems?), or a page is "
+                      "shared and MPOL_MF_MOVE_ALL is not allowed",
+        errno.ENODEV: f"node {node} has no memory or does not exist (nodes with memory: "
+                      f"{_online_nodes()}; see numactl -H)",
+        errno.E2BIG: f"{what}: too many pages in one call",
+        errno.EINVAL: f"{what}: invalid argument to move_pages (node {node})",
+    }
+    msg = msgs.get(err, f"{what}: move_pages failed: {os.strerror(err)}")
+    return MoveError(f"move_pages: {msg}", err)
+
+
+def _raw(pid: int, addrs: np.ndarray, nodes: np.ndarray | None, status: np.ndarray, flags: int) -> int:
+    """One numa_move_pages call over contiguous uint64 ``addrs``; returns its result or raises."""
+    f = libnuma().numa_move_pages
+    ctypes.set_errno(0)
+    r = f(pid, len(addrs), addrs.ctypes.data, None if nodes is None else nodes.ctypes.data,
+          status.ctypes.data, flags)
+    if r < 0:
+        raise _call_error(ctypes.get_errno(), pid, None if nodes is None or not len(nodes) else int(nodes[0]))
+    return int(r)
+
+
+def query_nodes(pid: int, addrs: np.ndarray, batch: int = BATCH) -> np.ndarray:
+    """Node of each page (int32), or -errno per page (-ENOENT: not present, -EFAULT: unmapped).
+
+    ``pid`` 0 is the calling process.
+    """
+    addrs = np.ascontiguousarray(addrs, np.uint64)
+    out = np.empty(len(addrs), np.int32)
+    for s in range(0, len(addrs), batch):
+        a = addrs[s:s + batch]
+        st = out[s:s + batch]
+        st.fill(_NOT_REACHED)
+        _raw(pid, a, None, st, 0)
+    out[out == _NOT_REACHED] = -errno.EBUSY
+    return out
+
+
+@dataclass
+class MoveResult:
+    """Indices (into the addresses passed to :func:`move`) of each outcome, plus counters."""
+
+    moved: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    busy: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    gone: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    failed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    nomem: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # incl. not tried
+    stopped: bool = False  # True when ENOMEM made us stop this round
+    errors: dict = field(default_factory=dict)  # errno name -> pages
+    calls: int = 0
+
+
+def classify(status: np.ndarray, node: int, offset: int = 0) -> dict[str, np.ndarray]:
+    """Split per-page ``status`` (of a move to ``node``) into outcome index arrays."""
+    idx = np.arange(offset, offset + len(status), dtype=np.int64)
+    moved = status == node
+    busy = (status == -errno.EBUSY) | (status == -errno.EAGAIN) | (status == _NOT_REACHED)
+    gone = (status == -errno.EFAULT) | (status == -errno.ENOENT)
+    nomem = status == -errno.ENOMEM
+    failed = ~(moved | busy | gone | nomem)
+    return {"moved": idx[moved], "busy": idx[busy], "gone": idx[gone], "nomem": idx[nomem],
+            "failed": idx[failed]}
+
+
+def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
+         batch: int = BATCH) -> MoveResult:
+    """Move the units starting at ``addrs`` of process ``pid`` to ``node``, ``batch`` per call.
+
+    Stops after the batch in which a page failed with ENOMEM (the rest count as ``nomem``).
+    Raises MoveError for whole-call failures (see the module docstring).
+    """
+    addrs = np.ascontiguousarray(addrs, np.uint64)
+    n = len(addrs)
+    status = np.full(n, _NOT_REACHED, np.int32)
+    nodes = np.full(min(n, batch), node, np.int32)
+    res = MoveResult()
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("moved", "busy", "gone", "nomem", "failed")}
+    s = 0
+    while s < n:
+        e = min(n, s + batch)
+        _raw(pid, addrs[s:e], nodes[:e - s], status[s:e], flags)
+        res.calls += 1
+        for k, v in classify(status[s:e], node, s).items():
+            parts[k].append(v)
+        s = e
+        if parts["nomem"][-1].size:
+            res.stopped = True
+            break
+    if s < n:
+        parts["nomem"].append(np.arange(s, n, dtype=np.int64))
+    for k, v in parts.items():
+        setattr(res, k, np.concatenate(v) if v else np.zeros(0, np.int64))
+    done = status[:s]
+    for code in np.unique(done[(done < 0) & (done != _NOT_REACHED)]):
+        res.errors[errno.errorcode.get(-int(code), str(-int(code)))] = int((done == code).sum())
+    if (done == _NOT_REACHED).any():
+        res.errors["not reached"] = int((done == _NOT_REACHED).sum())
+    return res

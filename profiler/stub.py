@@ -1,0 +1,103 @@
+"""A deterministic fake profiler for tests and benchmarks: no kernel, no root.
+
+It reports what it is given, per target pid, one of:
+
+- ``source``: a callable ``source(pid, interval) -> Sample | (addr, count[, node[, npages]])``;
+- ``intervals``: a list of per-interval entries (a Sample or such a tuple), the last repeated;
+- ``units``/``hot``: a simple layout: ``units`` 4 KiB units starting at ``base``, the first
+  ``hot`` of them accessed ``hot_count`` times per interval, the rest never, on ``node``.
+
+Nodes: the daemon records its moves in its own PageState; set ``track_moves=True`` and give the
+stub to the stub mover (tests) to have reported nodes follow the moves, or ``query=True`` to ask
+the kernel (mover.query_nodes) for a real pid's pages.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from pagetier.profiler.base import PAGE_SIZE, Profiler, Sample, register
+
+
+def as_sample(pid: int, entry) -> Sample:
+    if isinstance(entry, Sample):
+        return entry
+    addr, count, *rest = entry
+    addr = np.asarray(addr, np.uint64)
+    n = len(addr)
+    count = np.broadcast_to(np.asarray(count, np.uint32), (n,)).copy()
+    node = np.broadcast_to(np.asarray(rest[0] if rest else -1, np.int16), (n,)).copy()
+    npages = np.broadcast_to(np.asarray(rest[1] if len(rest) > 1 else 1, np.uint16), (n,)).copy()
+    return Sample(pid=pid, addr=addr, count=count, node=node, npages=npages)
+
+
+@register("stub")
+class StubProfiler(Profiler):
+    def __init__(self, source: Callable | None = None, intervals: list | None = None,
+                 units: int = 0, hot: int = 0, hot_count: int = 10, node: int = 1,
+                 base: int = 0x7f0000000000, query: bool = False, track_moves: bool = False):
+        self.source = source
+        self.intervals = intervals
+        self.units, self.hot, self.hot_count = int(units), int(hot), int(hot_count)
+        self.base = int(base)
+        self.query = bool(query)
+        self.track_moves = bool(track_moves)
+        self.attached: dict[int, int] = {}  # pid -> reads so far
+        self.detached: list[int] = []
+        self.nodes: dict[int, dict[int, int]] = {}  # pid -> {addr: node}, if track_moves
+        self.default_node = int(node)
+        self.closed = False
+
+    def attach(self, pid: int) -> None:
+        self.attached.setdefault(pid, 0)
+
+    def detach(self, pid: int) -> None:
+        if self.attached.pop(pid, None) is not None:
+            self.detached.append(pid)
+
+    def _entry(self, pid: int, i: int):
+        if self.source is not None:
+            return self.source(pid, i)
+        if self.intervals is not None:
+            if not self.intervals:
+                return (np.zeros(0, np.uint64), 0)
+            return self.intervals[min(i, len(self.intervals) - 1)]
+        addr = self.base + np.arange(self.units, dtype=np.uint64) * np.uint64(PAGE_SIZE)
+        count = np.zeros(self.units, np.uint32)
+        count[: self.hot] = self.hot_count
+        return (addr, count, self.default_node, 1)
+
+    def read(self, pid: int, reset: bool = True, accessed_only: bool = False) -> Sample:
+        if pid not in self.attached:
+            raise ProcessLookupError(f"stub profiler: pid {pid} is not attached")
+        i = self.attached[pid]
+        if reset:
+            self.attached[pid] = i + 1
+        s = as_sample(pid, self._entry(pid, i))
+        if self.query and len(s):
+            from pagetier.daemon import mover
+
+            s.node = mover.query_nodes(pid, s.addr).clip(-1, None).astype(np.int16)
+        elif self.track_moves and pid in self.nodes:
+            known = self.nodes[pid]
+            s.node = np.array([known.get(int(a), int(n)) for a, n in zip(s.addr, s.node)], np.int16)
+        if accessed_only:
+            keep = s.count > 0
+            s = Sample(pid, s.addr[keep], s.count[keep], s.node[keep], s.npages[keep], complete=False)
+        return s
+
+    def moved(self, pid: int, addrs: np.ndarray, node: int) -> None:
+        """Called by the test mover: later reads report ``node`` for these units."""
+        if self.track_moves:
+            d = self.nodes.setdefault(pid, {})
+            for a in np.asarray(addrs, np.uint64).tolist():
+                d[a] = node
+
+    def stats(self, pid: int) -> dict:
+        return {"reads": self.attached.get(pid, 0)}
+
+    def close(self) -> None:
+        for pid in list(self.attached):
+            self.detach(pid)
+        self.closed = True
