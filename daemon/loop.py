@@ -209,7 +209,8 @@ class Daemon:
                 self.stop_reason = f"cgroup {self.cgroup} is gone"
                 return
             for pid in procs - self.targets:
-                self.attach(pid, strict=False)
+                if self._alive(pid):
+                    self.attach(pid, strict=False)
             for pid in self.targets - procs:
                 self.drop(pid, "left the cgroup")
             self._attach_failed &= procs
@@ -564,10 +565,10 @@ def human_line(s: dict, fast: int, slow: int) -> str:
     res = s.get("resident", {})
     f = res.get(str(fast), 0) / MIB
     w = res.get(str(slow), 0) / MIB
-    dry = " (dry)" if s.get("dry_run") else ""
+    dry = " dry" if s.get("dry_run") else ""
     budget = s["budget"] / MIB
     budget_s = f"{budget:.0f}" if budget < 1 << 30 else "-"
-    line = (f"#{s['interval']:<4d} +{s['promoted'] * 4 // 1024:>5d}M -{s['demoted'] * 4 // 1024:>5d}M"
+    line = (f"#{s['interval']:<3d} +{s['promoted'] * 4 // 1024:>4d}M -{s['demoted'] * 4 // 1024:>4d}M"
             f"{dry} fast {s['fast_used'] / MIB:.0f}/{budget_s}M n{fast} {f:.0f}M n{slow} {w:.0f}M")
     extra = []
     if s.get("busy"):
@@ -576,5 +577,5 @@ def human_line(s: dict, fast: int, slow: int) -> str:
         extra.append(f"fail {s['failed']}")
     if s.get("ping_pongs"):
         extra.append(f"pp {s['ping_pongs']}")
-    extra.append(f"cpu {s['cpu_s'] * 1000:.1f}ms")
+    extra.append(f"{s['cpu_s'] * 1000:.1f}ms")
     return line + " " + " ".join(extra)

@@ -1,0 +1,569 @@
+"""Daemon unit tests: no root needed (except where the host kernel is asked), no VM.
+
+The mover tests use the host kernel on the test process itself: the host has one NUMA node, so
+moving our own pages to node 0 works and moving them to node 1 fails with a clear error.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pagetier.daemon import config as config_mod
+from pagetier.daemon import mover
+from pagetier.daemon.loop import Daemon, human_line
+from pagetier.daemon.numab import NumaBalancing
+from pagetier.daemon.state import PageState
+from pagetier.errors import ConfigError, Unavailable
+from pagetier.policies.base import Decision, Policy, register
+from pagetier.profiler.stub import StubProfiler
+
+REPO = Path(__file__).resolve().parent.parent
+PAGETIER = [sys.executable, "-m", "pagetier.cli"]
+MIB = 1 << 20
+
+
+# --------------------------------------------------------------------------- test policies
+@register("test-greedy")
+class Greedy(Policy):
+    """Misbehaves on purpose: asks to promote every unit not on the fast node, hottest first."""
+
+    def decide(self, state, ctx):
+        idx = np.flatnonzero(state.node != ctx.fast_node)
+        idx = idx[np.argsort(-state.heat[idx], kind="stable")]
+        return Decision(promote=idx, stats={"asked": len(idx)})
+
+
+@register("test-flip")
+class Flip(Policy):
+    """Moves every unit to the other node each interval: all ping-pong."""
+
+    def decide(self, state, ctx):
+        fast = np.flatnonzero(state.node == ctx.fast_node)
+        slow = np.flatnonzero(state.node == ctx.slow_node)
+        return Decision(promote=slow, demote=fast)
+
+
+@register("test-idle")
+class Idle(Policy):
+    def decide(self, state, ctx):
+        return Decision()
+
+
+class StubMover:
+    """Moves nothing in the kernel: reports each page as ``outcome(pid, addrs, node)`` says
+    (default: all moved) and tells the stub profiler, so its nodes follow."""
+
+    def __init__(self, profiler=None, outcome=None):
+        self.profiler, self.outcome = profiler, outcome
+        self.calls: list[tuple[int, int, int]] = []
+
+    def move(self, pid, addrs, node):
+        self.calls.append((pid, len(addrs), node))
+        status = np.full(len(addrs), node, np.int32)
+        if self.outcome:
+            status = np.asarray(self.outcome(pid, addrs, node), np.int32)
+        r = mover.MoveResult(**mover.classify(status, node))
+        r.stopped = bool(len(r.nomem))
+        return r
+
+
+def make_daemon(tmp_path, policy="test-greedy", units=4096, hot=1024, node=1, budget="8M",
+                rate=0.0, dry_run=False, pids=(4242,), outcome=None, **kw):
+    cfg = config_mod.load(None, {"policy": policy, "fast_budget": budget, "rate": rate,
+                                 "dry_run": dry_run, "json": True, "interval": 0.01,
+                                 "profiler": "stub"})
+    prof = StubProfiler(units=units, hot=hot, node=node, track_moves=True)
+    from pagetier import policies
+
+    d = Daemon(cfg, pids=pids, profiler=prof, policy=policies.create(policy),
+               mover=StubMover(prof, outcome), numab=False, status_path=tmp_path / "status.json",
+               handle_signals=False, out=open(os.devnull, "w"), **kw)
+    d._alive = lambda pid: True  # fake pids
+    for p in pids:
+        d.attach(p)
+    return d
+
+
+# --------------------------------------------------------------------------- config
+def write(tmp_path, text):
+    p = tmp_path / "pagetier.toml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_config_defaults_and_file(tmp_path):
+    p = write(tmp_path, """
+        policy = "heuristic"
+        fast_budget = "96M"
+        rate = 100
+        interval = 2
+        [policy_options]
+        min_heat = 2.0
+        [profiler_options]
+        mode = "abit"
+    """)
+    cfg = config_mod.load(p)
+    assert cfg.fast_budget == 96 * MIB and cfg.rate == 100.0 and cfg.interval == 2.0
+    assert cfg.policy_options == {"min_heat": 2.0} and cfg.profiler_options == {"mode": "abit"}
+    assert config_mod.load(None).profiler == "kmod"
+
+
+@pytest.mark.parametrize("text,words", [
+    ('intervall = 1\n', ["unknown key 'intervall'", "pagetier.toml"]),
+    ('interval = "1"\n', ["'interval'", "must be a number", "pagetier.toml"]),
+    ('fast_node = 1.5\n', ["'fast_node'", "integer"]),
+    ('dry_run = 1\n', ["'dry_run'", "true or false"]),
+    ('fast_budget = "96 bananas"\n', ["fast_budget", "96 bananas"]),
+    ('fast_budget = -5\n', ["fast_budget", "negative"]),
+    ('fast_budget = "1G"\nfast_free_watermark = "1G"\n', ["not both"]),
+    ('fast_node = 1\n', ["both 1"]),
+    ('interval = 0\n', ["interval must be > 0"]),
+    ('policy_options = 3\n', ["'policy_options'", "table"]),
+    ('interval = \n', ["not valid TOML"]),
+])
+def test_config_errors_name_key_and_file(tmp_path, text, words):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(p)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_config_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        config_mod.load(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("text,size", [
+    ("96M", 96 * MIB), ("2G", 2 << 30), ("512k", 512 << 10), ("4096", 4096), (4096, 4096),
+    ("1.5G", 3 << 29), ("96MiB", 96 * MIB), ("1T", 1 << 40),
+])
+def test_parse_size(text, size):
+    assert config_mod.parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["", "M", "-1M", "1X", True, 1.5, "1 G B"])
+def test_parse_size_bad(bad):
+    with pytest.raises(ConfigError):
+        config_mod.parse_size(bad, "fast_budget")
+
+
+def test_cli_overrides_file(tmp_path):
+    p = write(tmp_path, 'fast_free_watermark = "1G"\nrate = 10\n[profiler_options]\nmode = "fault"\n'
+                        'scan_period_ms = 100\n')
+    cfg = config_mod.load(p, {"fast_budget": "96M", "rate": None, "interval": 0.5,
+                              "profiler_options": {"mode": "abit"}})
+    assert cfg.fast_budget == 96 * MIB and cfg.fast_free_watermark is None
+    assert cfg.rate == 10.0 and cfg.interval == 0.5
+    assert cfg.profiler_options == {"mode": "abit", "scan_period_ms": 100}
+    with pytest.raises(ConfigError, match="command line: key 'rate'"):
+        config_mod.load(p, {"rate": "fast"})
+
+
+def test_missing_node(tmp_path):
+    root = tmp_path / "node"
+    (root / "node0").mkdir(parents=True)
+    (root / "has_memory").write_text("0\n")
+    cfg = config_mod.load(None)
+    with pytest.raises(Unavailable) as e:
+        config_mod.check_nodes(cfg, root)
+    assert "slow_node 1" in str(e.value) and "nodes with memory: 0" in str(e.value)
+    assert "numactl -H" in str(e.value)
+    (root / "has_memory").write_text("0-1\n")
+    config_mod.check_nodes(cfg, root)
+    assert config_mod.nodes_with_memory(root) == [0, 1]
+
+
+def test_node_meminfo(tmp_path):
+    (tmp_path / "node0").mkdir()
+    (tmp_path / "node0" / "meminfo").write_text(
+        "Node 0 MemTotal:        2048000 kB\nNode 0 MemFree:          1024000 kB\n")
+    assert config_mod.node_meminfo(0, tmp_path)["MemFree"] == 1024000 * 1024
+
+
+# --------------------------------------------------------------------------- rate
+@pytest.mark.parametrize("rate,interval,pages", [
+    (512, 1.0, 131072), (4, 1.0, 1024), (4, 0.5, 512), (0, 1.0, 1 << 62), (0.001, 1.0, 1),
+])
+def test_rate_pages(rate, interval, pages):
+    assert mover.rate_pages(rate, interval) == pages
+
+
+# --------------------------------------------------------------------------- the loop
+def test_budget_enforced_against_greedy_policy(tmp_path):
+    d = make_daemon(tmp_path, units=4096, hot=4096, budget="8M")  # wants 16 MiB on fast
+    for _ in range(5):
+        s = d.step()
+        assert s["fast_used"] <= 8 * MIB
+    assert s["fast_used"] == 8 * MIB and d.state.pages_on(0) == 2048
+    assert d.totals["promoted"] == 2048 and d.totals["clipped"] > 0
+
+
+def test_dry_run_moves_nothing(tmp_path):
+    d = make_daemon(tmp_path, dry_run=True, units=4096, hot=1024, budget="2M")
+    s = d.step()
+    assert d.mover.calls == []
+    assert s["promoted"] == 512 and s["bytes_moved"] == 0 and s["dry_run"]
+    assert s["fast_used"] == 0 and s["resident"] == {"1": 16 * MIB}
+
+
+def test_rate_limit_clips_moves(tmp_path):
+    d = make_daemon(tmp_path, units=4096, hot=4096, budget="64M", rate=4.0)  # 4 MB/s, 0.01 s
+    limit = mover.rate_pages(4.0, 0.01)
+    for _ in range(3):
+        s = d.step()
+        assert 0 < s["promoted"] <= limit
+    assert s["rate_pages"] == limit
+
+
+def test_forced_demotion_when_over_budget(tmp_path):
+    d = make_daemon(tmp_path, policy="test-idle", units=4096, hot=1024, node=0, budget="4M")
+    s = d.step()  # everything starts on the fast node: 16 MiB over a 4 MiB budget
+    assert s["forced_demotions"] == 3072 and s["demoted"] == 3072
+    assert s["fast_used"] == 4 * MIB
+    # the hot units (the first 1024) stay on the fast node
+    assert (d.state.node[:1024] == 0).all() and (d.state.node[1024:] == 1).all()
+
+
+def test_ping_pong_counted(tmp_path):
+    d = make_daemon(tmp_path, policy="test-flip", units=64, hot=64, budget="1G")
+    first = d.step()
+    assert first["promoted"] == 64 and first["ping_pongs"] == 0
+    second = d.step()
+    assert second["demoted"] == 64 and second["ping_pongs"] == 64
+    d.step()
+    assert d.totals["ping_pongs"] == 128
+    # a move back after more than ping_pong_window intervals is not a ping-pong
+    d.cfg.ping_pong_window, d.policy = 2, Idle()
+    d.step(), d.step()
+    d.policy = Flip()
+    assert d.step()["ping_pongs"] == 0
+
+
+def test_mover_outcomes_busy_gone_nomem(tmp_path):
+    def outcome(pid, addrs, node):
+        st = np.full(len(addrs), node, np.int32)
+        st[0], st[1], st[2] = -errno.EBUSY, -errno.ENOENT, -errno.EFAULT
+        if node == 1:
+            st[3] = -errno.ENOMEM
+        return st
+
+    d = make_daemon(tmp_path, units=100, hot=100, budget="1G", outcome=outcome)
+    s = d.step()
+    assert s["busy"] == 1 and s["gone"] == 2 and s["promoted"] == 97
+    assert len(d.state) == 98  # the gone units are forgotten
+    # ENOMEM on a demotion stops the interval: no promotion after it
+    d2 = make_daemon(tmp_path, policy="test-flip", units=10, hot=10, node=0, budget="1G",
+                     outcome=outcome)
+    s2 = d2.step()
+    assert s2["nomem"] == 1 and s2["promoted"] == 0
+
+
+def test_target_exit_is_dropped(tmp_path):
+    d = make_daemon(tmp_path, pids=(11, 12))
+    d.step()
+    alive = {11: True, 12: False}
+    d._alive = lambda pid: alive[pid]
+    d.refresh_targets()
+    assert d.targets == {11} and d.profiler.detached == [12]
+    assert set(d.state.pid_of(np.arange(len(d.state))).tolist()) == {11}
+
+
+def test_run_returns_child_status_and_writes_status(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6); raise SystemExit(7)"])
+    cfg = config_mod.load(None, {"policy": "test-greedy", "profiler": "stub", "interval": 0.1,
+                                 "fast_budget": "4M"})
+    prof = StubProfiler(units=256, hot=16)
+    seen = []
+    d = Daemon(cfg, child=child, profiler=prof, policy=Greedy(), mover=StubMover(prof),
+               numab=False, status_path=tmp_path / "daemon-1.json", handle_signals=False,
+               out=open(os.devnull, "w"))
+    orig = d.write_status
+
+    def spy():
+        orig()
+        seen.append(json.loads((tmp_path / "daemon-1.json").read_text()))
+
+    d.write_status = spy
+    assert d.run() == 7
+    assert prof.closed and not (tmp_path / "daemon-1.json").exists()
+    assert seen and seen[-1]["targets"][0]["pid"] == child.pid
+    assert seen[-1]["last"]["interval"] >= 2
+    from pagetier.daemon.cli import format_status
+
+    text = format_status({**seen[-1], "alive": True})
+    assert f"pid {os.getpid()}" in text and "targets:" in text
+
+
+def test_cgroup_followed(tmp_path):
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    procs = cg / "cgroup.procs"
+    a = subprocess.Popen(["sleep", "30"])
+    b = subprocess.Popen(["sleep", "30"])
+    try:
+        procs.write_text(f"{a.pid}\n")
+        cfg = config_mod.load(None, {"policy": "test-idle", "profiler": "stub", "interval": 0.05})
+        prof = StubProfiler(units=8)
+        d = Daemon(cfg, cgroup=str(cg), profiler=prof, policy=Idle(), mover=StubMover(prof),
+                   numab=False, status_path=tmp_path / "s.json", handle_signals=False,
+                   out=open(os.devnull, "w"))
+        d.refresh_targets()
+        assert d.targets == {a.pid}
+        procs.write_text(f"{b.pid}\n")
+        d.refresh_targets()
+        assert d.targets == {b.pid} and prof.detached == [a.pid]
+        b.kill()
+        b.wait()
+        d.refresh_targets()
+        assert d.targets == set()
+        procs.unlink()
+        cg.rmdir()
+        d.refresh_targets()
+        assert "gone" in d.stop_reason
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+def test_sighup_reload(tmp_path):
+    p = write(tmp_path, 'policy = "test-idle"\nrate = 10\nprofiler = "stub"\n')
+    d = make_daemon(tmp_path, policy="test-idle", config_path=p, overrides={})
+    p.write_text('policy = "test-greedy"\nrate = 20\nprofiler = "other"\n')
+    d._on_signal(signal.SIGHUP, None)
+    d.reload()
+    assert d.cfg.rate == 20 and d.policy.name == "test-greedy"
+    assert d.cfg.profiler == "stub"  # takes a restart
+    p.write_text('rate = "x"\n')
+    d.reload()  # a bad file keeps the old config
+    assert d.cfg.rate == 20
+
+
+def test_human_line_fits_80_columns():
+    s = {"interval": 12345, "promoted": 262144, "demoted": 262144, "dry_run": True,
+         "fast_used": 96 * MIB, "budget": 96 * MIB, "resident": {"0": 96 * MIB, "1": 4096 * MIB},
+         "busy": 12, "failed": 3, "ping_pongs": 7, "cpu_s": 0.0123}
+    line = human_line(s, 0, 1)
+    assert len(line) < 80, line
+
+
+# --------------------------------------------------------------------------- numa_balancing
+@pytest.fixture
+def numab_files(tmp_path):
+    proc = tmp_path / "numa_balancing"
+    proc.write_text("1\n")
+    return proc, tmp_path / "run" / "numa_balancing.json"
+
+
+def test_numab_disable_restore(numab_files):
+    proc, state = numab_files
+    with NumaBalancing(proc, state) as nb:
+        assert proc.read_text() == "0" and json.loads(state.read_text())["value"] == "1"
+        assert nb.previous == "1"
+    assert proc.read_text() == "1" and not state.exists()
+
+
+def test_numab_restored_on_exception(numab_files):
+    proc, state = numab_files
+    with pytest.raises(RuntimeError):
+        with NumaBalancing(proc, state):
+            raise RuntimeError("boom")
+    assert proc.read_text() == "1" and not state.exists()
+
+
+def test_numab_dead_owner_restored_by_next_start(numab_files):
+    proc, state = numab_files
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    proc.write_text("0")
+    state.parent.mkdir()
+    state.write_text(json.dumps({"value": "2", "pid": dead.pid, "start_time": 1.0}))
+    nb = NumaBalancing(proc, state)
+    nb.disable()
+    assert nb.previous == "2"  # what the dead daemon found is what we restore
+    nb.restore()
+    assert proc.read_text() == "2"
+
+
+def test_numab_live_owner_left_alone(numab_files):
+    proc, state = numab_files
+    import psutil
+
+    owner = os.getppid()
+    proc.write_text("0")
+    state.parent.mkdir()
+    state.write_text(json.dumps({"value": "1", "pid": owner,
+                                 "start_time": psutil.Process(owner).create_time()}))
+    nb = NumaBalancing(proc, state)
+    nb.disable()
+    assert nb.previous is None and state.exists()
+    nb.restore()
+    assert proc.read_text() == "0"
+
+
+def test_numab_dry_run_writes_nothing(numab_files):
+    proc, state = numab_files
+    with NumaBalancing(proc, state, dry_run=True):
+        assert proc.read_text() == "1\n"
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_numab_signals(numab_files, how):
+    proc, state = numab_files
+    code = textwrap.dedent(f"""
+        import sys, time
+        from pagetier.daemon.numab import NumaBalancing
+        with NumaBalancing({str(proc)!r}, {str(state)!r}):
+            print("in", flush=True)
+            time.sleep(30)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "in\n"
+    assert proc.read_text() == "0"
+    p.send_signal(getattr(signal, how))
+    p.wait(timeout=10)
+    if how == "SIGTERM":
+        assert proc.read_text() == "1" and not state.exists()
+    else:
+        assert proc.read_text() == "0" and state.exists()  # nobody could restore it...
+        NumaBalancing(proc, state).recover()  # ...until the next start
+        assert proc.read_text() == "1" and not state.exists()
+
+
+# --------------------------------------------------------------------------- mover (host kernel)
+@pytest.fixture
+def own_pages():
+    size = 8 * MIB
+    buf = mmap.mmap(-1, size)
+    buf.write(b"\x5a" * size)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    addrs = np.arange(base, base + size, mover.PAGE_SIZE, dtype=np.uint64)
+    yield buf, addrs
+
+
+def test_mover_own_pages_to_node0(own_pages):
+    buf, addrs = own_pages
+    r = mover.move(0, addrs, 0, batch=1000)
+    assert len(r.moved) == len(addrs) and r.calls == 3 and not r.errors
+    assert (mover.query_nodes(os.getpid(), addrs) == 0).all()
+    assert buf[:4] == b"\x5a" * 4
+
+
+def test_mover_node1_is_a_clear_error(own_pages):
+    _, addrs = own_pages
+    if 1 in config_mod.nodes_with_memory():
+        pytest.skip("this host has a node 1")
+    with pytest.raises(mover.MoveError) as e:
+        mover.move(0, addrs[:16], 1)
+    assert e.value.errno == errno.ENODEV
+    assert "node 1" in str(e.value) and "numactl -H" in str(e.value)
+
+
+def test_mover_unmapped_and_untouched_are_gone():
+    untouched = mmap.mmap(-1, 2 * mover.PAGE_SIZE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(untouched))
+    addrs = np.array([base, base + mover.PAGE_SIZE, mover.PAGE_SIZE], np.uint64)  # last: unmapped
+    r = mover.move(0, addrs, 0)
+    assert r.gone.tolist() == [0, 1, 2] and set(r.errors) <= {"ENOENT", "EFAULT"}
+    q = mover.query_nodes(0, addrs)
+    assert (q < 0).all()
+
+
+def test_mover_no_such_process():
+    with pytest.raises(mover.MoveError) as e:
+        mover.query_nodes(2 ** 22 + 12345, np.zeros(1, np.uint64))
+    assert e.value.errno == errno.ESRCH and "no such process" in str(e.value)
+
+
+def test_classify_not_reached_is_busy():
+    st = np.array([0, -errno.EBUSY, mover._NOT_REACHED, -errno.EACCES, -errno.ENOMEM], np.int32)
+    c = mover.classify(st, 0)
+    assert c["moved"].tolist() == [0] and c["busy"].tolist() == [1, 2]
+    assert c["failed"].tolist() == [3] and c["nomem"].tolist() == [4]
+
+
+# --------------------------------------------------------------------------- the CLI
+def cli(tmp_path, *args, timeout=60):
+    env = {**os.environ, "PAGETIER_RUN_DIR": str(tmp_path / "run")}
+    return subprocess.run([*PAGETIER, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def test_cli_run_passes_exit_status(tmp_path):
+    r = cli(tmp_path, "run", "--profiler", "stub", "--dry-run", "--json", "--interval", "0.2",
+            "--policy", "heuristic", "--profiler-option", "units=512",
+            "--profiler-option", "hot=64", "--fast-budget", "1M", "--",
+            sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(5)")
+    assert r.returncode == 5, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert lines and all(x["fast_used"] <= x["budget"] for x in lines)
+    assert "all targets exited" in r.stderr
+
+
+def test_cli_bad_config_exit_1(tmp_path):
+    p = write(tmp_path, "rate = \"fast\"\n")
+    r = cli(tmp_path, "run", "-c", str(p), "--", "true")
+    assert r.returncode == 1
+    assert r.stderr.startswith("pagetier: config ") and "'rate'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_missing_node_exit_1(tmp_path):
+    r = cli(tmp_path, "run", "--fast-node", "0", "--slow-node", "7", "--", "true")
+    assert r.returncode == 1 and "slow_node 7" in r.stderr and "numactl -H" in r.stderr
+
+
+def test_cli_bad_profiler_option(tmp_path):
+    r = cli(tmp_path, "run", "--profiler", "stub", "--dry-run", "--profiler-option", "bogus=1",
+            "--", "true")
+    assert r.returncode == 1 and "bogus" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_status_none_running(tmp_path):
+    r = cli(tmp_path, "status")
+    assert r.returncode == 1 and "no pagetier daemon is running" in r.stderr
+    r = cli(tmp_path, "status", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == []
+
+
+def test_cli_attach_sigterm_and_status(tmp_path):
+    target = subprocess.Popen(["sleep", "60"])
+    env = {**os.environ, "PAGETIER_RUN_DIR": str(tmp_path / "run")}
+    d = subprocess.Popen([*PAGETIER, "attach", str(target.pid), "--profiler", "stub", "--dry-run",
+                          "--interval", "0.2", "--profiler-option", "units=64"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        assert d.stdout.readline().startswith("#1 ")
+        r = cli(tmp_path, "status")
+        assert r.returncode == 0 and f"{target.pid} (sleep)" in r.stdout, r.stderr
+        d.send_signal(signal.SIGTERM)
+        out, err = d.communicate(timeout=20)
+        assert d.returncode == 0 and "stopping: signal SIGTERM" in err
+        assert target.poll() is None  # attach leaves its targets running
+        assert not list((tmp_path / "run").glob("daemon-*.json"))
+    finally:
+        target.kill()
+        target.wait()
+        if d.poll() is None:
+            d.kill()
+
+
+def test_cli_help_has_examples(tmp_path):
+    for cmd in ("run", "attach", "status"):
+        r = cli(tmp_path, cmd, "--help")
+        assert r.returncode == 0 and "Example" in r.stdout
