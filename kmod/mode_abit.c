@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * abit mode: each scan tests and clears the Accessed bit of every present PTE (or huge PMD) and
+ * counts the scans in which it was set. No faults; cheaper and less exact than fault mode. The
+ * scan flushes the TLB for what it cleared: a cached translation does not set the bit again.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/mm.h>
+
+#include "pagetier.h"
+
+static bool abit_pte(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
+		     pte_t *ptep, bool sample)
+{
+	if (pte_protnone(ptep_get(ptep)))
+		return false; /* a hinting mark, not a mapping the CPU can use */
+	return test_and_clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)&ptep->pte);
+}
+
+static bool abit_pmd(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
+		     pmd_t *pmdp, bool sample)
+{
+	if (pmd_protnone(*pmdp))
+		return false;
+	return test_and_clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pmdp);
+}
+
+const struct pagetier_mode_ops pagetier_abit_ops = {
+	.name = "abit",
+	.mode = PAGETIER_MODE_ABIT,
+	.pte = abit_pte,
+	.pmd = abit_pmd,
+	.flush = true,
+};

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * fault mode: each scan marks a sample of the target's anonymous pages inaccessible with the
+ * kernel's NUMA-hinting encoding (PROT_NONE PTE bits), so that the next access takes a hinting
+ * fault, which the kernel's own fault path resolves. A kretprobe on the function that path calls
+ * with the faulting address (numa_migrate_prep on 6.1, numa_migrate_check from 6.10) counts the
+ * fault and returns NUMA_NO_NODE so that the kernel never migrates a target's page on its own:
+ * placement is the daemon's decision. Detach restores every PTE left inaccessible.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/kprobes.h>
+#include <linux/mm.h>
+#include <linux/numa.h>
+#include <linux/pgtable.h>
+#include <linux/sched.h>
+
+#include "pagetier.h"
+
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 10, 0)
+#define HINT_FN "numa_migrate_check"
+#else
+#define HINT_FN "numa_migrate_prep"
+#endif
+
+static bool fault_pte(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
+		      pte_t *ptep, bool sample)
+{
+	pte_t old = ptep_get(ptep), new;
+
+	if (!sample || pte_protnone(old) || !vma_is_anonymous(vma) ||
+	    !pagetier_page_is_plain_anon(pte_page(old)))
+		return false;
+	/* atomically, so that no Accessed or Dirty bit set meanwhile is lost */
+	old = ptep_get_and_clear(vma->vm_mm, addr, ptep);
+	new = pte_modify(old, PAGE_NONE);
+	if (pte_write(old))
+		new = pt_pte_mkwrite(new); /* kept across PROT_NONE, as the kernel's own marker does */
+	set_pte_at(vma->vm_mm, addr, ptep, new);
+	t->pages_marked++;
+	t->marked_now++;
+	return false;
+}
+
+static bool fault_pmd(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
+		      pmd_t *pmdp, bool sample)
+{
+	pmd_t old = *pmdp, new;
+
+	/* plain anon also rules out the huge zero page */
+	if (!sample || pmd_protnone(old) || !vma_is_anonymous(vma) ||
+	    !pagetier_page_is_plain_anon(pmd_page(old)))
+		return false;
+	/* never none in between: MADV_DONTNEED checks PMDs without the lock */
+	old = pmdp_establish(vma, addr, pmdp, pmd_mkinvalid(old));
+	new = pmd_modify(old, PAGE_NONE);
+	if (pmd_write(old))
+		new = pt_pmd_mkwrite(new);
+	set_pmd_at(vma->vm_mm, addr, pmdp, new);
+	t->pages_marked++;
+	t->marked_now++;
+	return false;
+}
+
+static void restore_pte(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
+			pte_t *ptep)
+{
+	pte_t old = ptep_get(ptep), new;
+
+	if (!pte_protnone(old))
+		return;
+	old = ptep_get_and_clear(vma->vm_mm, addr, ptep);
+	new = pte_modify(old, vma->vm_page_prot);
+	if (pte_write(old))
+		new = pt_pte_mkwrite(new);
+	set_pte_at(vma->vm_mm, addr, ptep, new);
+}
+
+static void restore_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
+			pmd_t *pmdp)
+{
+	pmd_t old = *pmdp, new;
+
+	if (!pmd_protnone(old))
+		return;
+	old = pmdp_establish(vma, addr, pmdp, pmd_mkinvalid(old));
+	new = pmd_modify(old, vma->vm_page_prot);
+	if (pmd_write(old))
+		new = pt_pmd_mkwrite(new);
+	set_pmd_at(vma->vm_mm, addr, pmdp, new);
+}
+
+/* Make every page of the target accessible again (mmap_lock held for read). */
+static void fault_detach(struct pagetier_target *t)
+{
+	struct pagetier_walk w = { .pte = restore_pte, .pmd = restore_pmd, .t = t };
+
+	pagetier_walk_all(&w);
+}
+
+const struct pagetier_mode_ops pagetier_fault_ops = {
+	.name = "fault",
+	.mode = PAGETIER_MODE_FAULT,
+	.pte = fault_pte,
+	.pmd = fault_pmd,
+	.flush = true,
+	.detach = fault_detach,
+};
+
+/* --- the hinting-fault hook --- */
+
+struct hint_data {
+	bool mine;
+};
+
+static int hint_entry(struct kretprobe_instance *ri, struct pt_regs *regs)
+{
+	struct hint_data *d = (struct hint_data *)ri->data;
+	struct pagetier_target *t;
+
+	d->mine = false;
+	if (!current->mm)
+		return 1;
+	rcu_read_lock();
+	t = pagetier_find_mm_rcu(current->mm);
+	if (t) {
+		d->mine = true;
+		if (t->ops->mode == PAGETIER_MODE_FAULT) {
+			atomic64_inc(&t->faults);
+			/* third argument: the faulting address (the PMD's start for a huge page) */
+			pagetier_count_access(t, regs->dx >> PAGE_SHIFT);
+		}
+	}
+	rcu_read_unlock();
+	return d->mine ? 0 : 1; /* 1: no return handler */
+}
+
+static int hint_return(struct kretprobe_instance *ri, struct pt_regs *regs)
+{
+	/* the kernel must not migrate a target's page on a hinting fault */
+	regs->ax = (unsigned long)NUMA_NO_NODE;
+	return 0;
+}
+
+static struct kretprobe hint_probe = {
+	.kp.symbol_name = HINT_FN,
+	.entry_handler = hint_entry,
+	.handler = hint_return,
+	.data_size = sizeof(struct hint_data),
+};
+
+/**
+ * pagetier_fault_init() - hook the kernel's hinting-fault path.
+ *
+ * Return: 0, or the kretprobe's error after logging which function could not be probed.
+ */
+int pagetier_fault_init(void)
+{
+	int ret;
+
+	/* called with a page-table lock held: one instance per CPU at most, plus slack */
+	hint_probe.maxactive = 4 * num_possible_cpus() + 16;
+	ret = register_kretprobe(&hint_probe);
+	if (ret)
+		pr_err("cannot load: kretprobe on %s failed (%d)\n", HINT_FN, ret);
+	return ret;
+}
+
+/**
+ * pagetier_fault_exit() - unhook; waits for handlers in flight.
+ */
+void pagetier_fault_exit(void)
+{
+	unregister_kretprobe(&hint_probe);
+	if (hint_probe.nmissed)
+		pr_warn_once("%d hinting faults missed by the probe\n", hint_probe.nmissed);
+}

@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * pagetier.ko internals: targets, the scan core, and the ops table each mode fills.
+ */
+#ifndef _PAGETIER_H
+#define _PAGETIER_H
+
+#include <linux/atomic.h>
+#include <linux/list.h>
+#include <linux/mm.h>
+#include <linux/pid.h>
+#include <linux/version.h>
+#include <linux/workqueue.h>
+#include <linux/xarray.h>
+
+#include "include/uapi/linux/pagetier.h"
+
+struct pagetier_target;
+
+/**
+ * struct pagetier_mode_ops - how one access-tracking mode works.
+ * @name:	mode name, for logs and sysfs.
+ * @mode:	PAGETIER_MODE_*.
+ * @pte:	called by the scan for each present PTE of a tracked VMA, with the page-table lock
+ *		held. @sample says whether this PTE is in this scan's sample. May change the PTE.
+ *		Return: true if the page was accessed since the previous scan (as far as this mode
+ *		can tell at scan time; fault mode counts its accesses in the fault hook instead).
+ * @pmd:	the same for a huge PMD mapping.
+ * @flush:	true if the scan must flush the TLB for the range it walked.
+ * @detach:	called once when a target is detached while its address space is alive, with
+ *		mmap_lock held for read: undo every change the mode made to the page tables.
+ */
+struct pagetier_mode_ops {
+	const char *name;
+	u32 mode;
+	bool (*pte)(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
+		    pte_t *ptep, bool sample);
+	bool (*pmd)(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
+		    pmd_t *pmdp, bool sample);
+	bool flush;
+	void (*detach)(struct pagetier_target *t);
+};
+
+/*
+ * A tracked page's entry in the target's xarray (index: address >> PAGE_SHIFT), a value entry:
+ * bits 0-31 access count, 32-41 node + 1 (0: unknown), 42 huge mapping, 43-50 scan generation.
+ * XA_MARK_0 marks entries accessed since the last reset.
+ */
+#define PT_COUNT_MASK 0xffffffffUL
+#define PT_NODE_SHIFT 32
+#define PT_NODE_MASK (0x3ffUL << PT_NODE_SHIFT)
+#define PT_HUGE (1UL << 42)
+#define PT_GEN_SHIFT 43
+#define PT_GEN_MASK (0xffUL << PT_GEN_SHIFT)
+#define PT_ACCESSED XA_MARK_0
+
+struct pagetier_target {
+	struct list_head node; /* in pagetier_targets, RCU */
+	pid_t pid;
+	struct pid *spid;
+	struct mm_struct *mm; /* mmgrab()bed */
+	const struct pagetier_mode_ops *ops;
+	u32 scan_period_ms;
+	u32 sample_ratio;
+	u64 page_budget;
+	struct delayed_work work;
+	struct xarray pages;
+	u8 gen; /* scan generation */
+	/* stats */
+	u64 scans;
+	u64 pages_tracked;
+	u64 pages_marked;
+	atomic64_t faults;
+	atomic64_t accesses;
+	u64 scan_ns;
+	/* scratch of the scan in progress */
+	u32 ratio_now;
+	u64 marked_now;
+};
+
+/* core */
+extern struct list_head pagetier_targets;
+void pagetier_count_access(struct pagetier_target *t, unsigned long index);
+struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
+
+/* walk.c */
+/**
+ * struct pagetier_walk - what to do with each mapping of a target.
+ * @pte:	called for each present PTE of a tracked VMA, page-table lock held.
+ * @pmd:	called for each huge PMD of a tracked VMA, PMD lock held.
+ * @unlocked:	called after each page table's lock is released (may sleep); may be NULL.
+ * @priv:	the caller's.
+ */
+struct pagetier_walk {
+	void (*pte)(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
+		    pte_t *ptep);
+	void (*pmd)(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
+		    pmd_t *pmdp);
+	void (*unlocked)(struct pagetier_walk *w);
+	struct pagetier_target *t;
+	void *priv;
+};
+bool pagetier_vma_tracked(struct vm_area_struct *vma);
+void pagetier_walk_all(struct pagetier_walk *w);
+int pagetier_scan(struct pagetier_target *t);
+void pagetier_flush_range(struct mm_struct *mm, unsigned long start, unsigned long end);
+bool pagetier_page_is_plain_anon(struct page *page);
+
+/* ksyms.c: kernel functions not exported to modules, looked up at load time */
+int pagetier_ksyms_init(void);
+extern void (*pt_flush_tlb_mm_range)(struct mm_struct *mm, unsigned long start,
+				      unsigned long end, unsigned int stride_shift,
+				      bool freed_tables);
+extern bool (*pt_ptrace_may_access)(struct task_struct *task, unsigned int mode);
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 5, 0)
+extern pte_t *(*pt_pte_offset_map_lock)(struct mm_struct *mm, pmd_t *pmd, unsigned long addr,
+					spinlock_t **ptlp);
+#endif
+
+/* modes */
+extern const struct pagetier_mode_ops pagetier_fault_ops;
+extern const struct pagetier_mode_ops pagetier_abit_ops;
+int pagetier_fault_init(void);
+void pagetier_fault_exit(void);
+
+/* compat: write permission helpers changed signature in 6.6 */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 6, 0)
+#define pt_pte_mkwrite(pte) pte_mkwrite_novma(pte)
+#define pt_pmd_mkwrite(pmd) pmd_mkwrite_novma(pmd)
+#else
+#define pt_pte_mkwrite(pte) pte_mkwrite(pte)
+#define pt_pmd_mkwrite(pmd) pmd_mkwrite(pmd)
+#endif
+
+#endif /* _PAGETIER_H */

@@ -1,0 +1,576 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * pagetier.ko core: /dev/pagetier and its ioctls, /sys/kernel/pagetier, the targets and their
+ * scan timers. How a mode tracks accesses lives in mode_*.c behind struct pagetier_mode_ops.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/capability.h>
+#include <linux/fs.h>
+#include <linux/kobject.h>
+#include <linux/miscdevice.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/ptrace.h>
+#include <linux/rculist.h>
+#include <linux/sched/mm.h>
+#include <linux/sched/task.h>
+#include <linux/slab.h>
+#include <linux/sysfs.h>
+#include <linux/uaccess.h>
+
+#include "pagetier.h"
+
+LIST_HEAD(pagetier_targets);
+static DEFINE_MUTEX(targets_lock); /* writers of pagetier_targets; readers of a target's pages */
+static struct workqueue_struct *scan_wq;
+static unsigned int nr_targets;
+
+/* knobs (sysfs), with safe bounds */
+static unsigned int default_scan_period_ms = 1000;
+static unsigned int max_targets = 64;
+#define MAX_TARGETS_LIMIT 4096
+#define READ_CHUNK 256
+
+static const struct pagetier_mode_ops *mode_ops(u32 mode)
+{
+	switch (mode) {
+	case PAGETIER_MODE_FAULT:
+		return &pagetier_fault_ops;
+	case PAGETIER_MODE_ABIT:
+		return &pagetier_abit_ops;
+	}
+	return NULL;
+}
+
+/**
+ * pagetier_find_mm_rcu() - the target tracking @mm.
+ * @mm: an address space.
+ *
+ * Context: rcu_read_lock() held.
+ * Return: the target, or NULL.
+ */
+struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm)
+{
+	struct pagetier_target *t;
+
+	list_for_each_entry_rcu(t, &pagetier_targets, node) {
+		if (t->mm == mm)
+			return t;
+	}
+	return NULL;
+}
+
+/**
+ * pagetier_count_access() - count one access to the tracked page at @index.
+ * @t: the target.
+ * @index: virtual address >> PAGE_SHIFT; untracked pages are ignored.
+ *
+ * Context: any, except with t->pages' lock held. Never allocates.
+ */
+void pagetier_count_access(struct pagetier_target *t, unsigned long index)
+{
+	XA_STATE(xas, &t->pages, index);
+	unsigned long v;
+	void *entry;
+
+	xas_lock(&xas);
+	entry = xas_load(&xas);
+	if (xa_is_value(entry)) {
+		v = xa_to_value(entry);
+		if ((v & PT_COUNT_MASK) != PT_COUNT_MASK)
+			v++;
+		xas_store(&xas, xa_mk_value(v)); /* replaces a present entry: no allocation */
+		xas_set_mark(&xas, PT_ACCESSED);
+		atomic64_inc(&t->accesses);
+	}
+	xas_unlock(&xas);
+}
+
+static struct pagetier_target *find_pid_locked(pid_t pid)
+{
+	struct pagetier_target *t;
+
+	lockdep_assert_held(&targets_lock);
+	list_for_each_entry(t, &pagetier_targets, node) {
+		if (t->pid == pid)
+			return t;
+	}
+	return NULL;
+}
+
+/* Free a target already off the list, its scan stopped. */
+static void target_free(struct pagetier_target *t, bool restore)
+{
+	if (restore && t->ops->detach && mmget_not_zero(t->mm)) {
+		mmap_read_lock(t->mm);
+		t->ops->detach(t);
+		mmap_read_unlock(t->mm);
+		mmput(t->mm);
+	}
+	xa_destroy(&t->pages);
+	mmdrop(t->mm);
+	put_pid(t->spid);
+	kfree(t);
+}
+
+/* Take @t off the list; the caller then owns it. */
+static void target_unlink_locked(struct pagetier_target *t)
+{
+	lockdep_assert_held(&targets_lock);
+	list_del_rcu(&t->node);
+	nr_targets--;
+}
+
+static void scan_work(struct work_struct *work)
+{
+	struct pagetier_target *t = container_of(to_delayed_work(work), struct pagetier_target, work);
+	int ret = pagetier_scan(t);
+
+	if (ret != -ESRCH) {
+		queue_delayed_work(scan_wq, &t->work, msecs_to_jiffies(t->scan_period_ms));
+		return;
+	}
+	/* the target exited: forget it, unless a detach already owns it */
+	mutex_lock(&targets_lock);
+	if (find_pid_locked(t->pid) != t) {
+		mutex_unlock(&targets_lock);
+		return;
+	}
+	target_unlink_locked(t);
+	mutex_unlock(&targets_lock);
+	pr_info("pid %d exited; forgotten\n", t->pid);
+	synchronize_rcu(); /* the fault hook may still look at it */
+	target_free(t, false);
+}
+
+static long do_attach(struct pagetier_attach __user *arg)
+{
+	struct pagetier_attach a;
+	struct pagetier_target *t;
+	struct task_struct *task;
+	struct mm_struct *mm;
+	unsigned int i;
+	long ret;
+
+	if (copy_from_user(&a, arg, sizeof(a)))
+		return -EFAULT;
+	for (i = 0; i < ARRAY_SIZE(a.reserved); i++)
+		if (a.reserved[i])
+			return -EINVAL;
+	if (!mode_ops(a.mode) || a.pid == 0 || a.pid > PID_MAX_LIMIT)
+		return -EINVAL;
+	if (a.scan_period_ms && (a.scan_period_ms < PAGETIER_SCAN_PERIOD_MIN_MS ||
+				 a.scan_period_ms > PAGETIER_SCAN_PERIOD_MAX_MS))
+		return -EINVAL;
+	if (a.sample_ratio > PAGETIER_SAMPLE_RATIO_MAX)
+		return -EINVAL;
+
+	t = kzalloc(sizeof(*t), GFP_KERNEL);
+	if (!t)
+		return -ENOMEM;
+	t->spid = find_get_pid(a.pid);
+	task = t->spid ? get_pid_task(t->spid, PIDTYPE_PID) : NULL;
+	if (!task) {
+		ret = -ESRCH;
+		goto err_pid;
+	}
+	if (task->flags & PF_KTHREAD) {
+		ret = -EINVAL;
+		goto err_task;
+	}
+	/* the check /proc/PID/pagemap applies to its readers */
+	if (!pt_ptrace_may_access(task, PTRACE_MODE_READ_FSCREDS)) {
+		ret = -EACCES;
+		goto err_task;
+	}
+	mm = get_task_mm(task);
+	if (!mm) {
+		ret = -ESRCH; /* exiting */
+		goto err_task;
+	}
+	mmgrab(mm);
+	mmput(mm);
+	put_task_struct(task);
+
+	t->pid = a.pid;
+	t->mm = mm;
+	t->ops = mode_ops(a.mode);
+	t->scan_period_ms = a.scan_period_ms ?: READ_ONCE(default_scan_period_ms);
+	t->sample_ratio = max_t(u32, a.sample_ratio, 1);
+	t->page_budget = a.page_budget;
+	xa_init(&t->pages);
+	INIT_DELAYED_WORK(&t->work, scan_work);
+
+	mutex_lock(&targets_lock);
+	rcu_read_lock();
+	ret = pagetier_find_mm_rcu(mm) ? -EBUSY : 0;
+	rcu_read_unlock();
+	if (!ret && find_pid_locked(a.pid))
+		ret = -EBUSY;
+	if (!ret && nr_targets >= READ_ONCE(max_targets))
+		ret = -ENOSPC;
+	if (ret) {
+		mutex_unlock(&targets_lock);
+		mmdrop(mm);
+		put_pid(t->spid);
+		kfree(t);
+		return ret;
+	}
+	list_add_tail_rcu(&t->node, &pagetier_targets);
+	nr_targets++;
+	queue_delayed_work(scan_wq, &t->work, 0);
+	mutex_unlock(&targets_lock);
+	pr_debug("attached pid %d, mode %s\n", t->pid, t->ops->name);
+	return 0;
+
+err_task:
+	put_task_struct(task);
+err_pid:
+	put_pid(t->spid);
+	kfree(t);
+	return ret;
+}
+
+static void detach_target(struct pagetier_target *t)
+{
+	/* caller unlinked @t */
+	synchronize_rcu();
+	cancel_delayed_work_sync(&t->work);
+	target_free(t, true);
+}
+
+static long do_detach(struct pagetier_detach __user *arg)
+{
+	struct pagetier_detach d;
+	struct pagetier_target *t;
+
+	if (copy_from_user(&d, arg, sizeof(d)))
+		return -EFAULT;
+	if (d.flags || d.reserved[0] || d.reserved[1])
+		return -EINVAL;
+	mutex_lock(&targets_lock);
+	t = find_pid_locked(d.pid);
+	if (t)
+		target_unlink_locked(t);
+	mutex_unlock(&targets_lock);
+	if (!t)
+		return -ESRCH;
+	detach_target(t);
+	return 0;
+}
+
+static long do_read(struct pagetier_read __user *arg)
+{
+	struct pagetier_read r;
+	struct pagetier_record *chunk;
+	struct pagetier_target *t;
+	struct pagetier_record __user *ubuf;
+	unsigned long index;
+	u64 done = 0;
+	long ret = 0;
+	bool more = false;
+
+	if (copy_from_user(&r, arg, sizeof(r)))
+		return -EFAULT;
+	if ((r.flags & ~(PAGETIER_READ_RESET | PAGETIER_READ_ACCESSED_ONLY)) || r.reserved[0] ||
+	    r.reserved[1] || r.cursor > ULONG_MAX)
+		return -EINVAL;
+	ubuf = u64_to_user_ptr(r.buf);
+	if (r.buf_len && !access_ok(ubuf, r.buf_len * sizeof(*chunk)))
+		return -EFAULT;
+	chunk = kmalloc_array(READ_CHUNK, sizeof(*chunk), GFP_KERNEL);
+	if (!chunk)
+		return -ENOMEM;
+
+	mutex_lock(&targets_lock);
+	t = find_pid_locked(r.pid);
+	if (!t) {
+		ret = -ESRCH;
+		goto out;
+	}
+	index = r.cursor;
+	while (done < r.buf_len) {
+		XA_STATE(xas, &t->pages, index);
+		unsigned int n = 0, want = min_t(u64, READ_CHUNK, r.buf_len - done);
+		void *entry;
+
+		xas_lock(&xas);
+		for (;;) {
+			if (r.flags & PAGETIER_READ_ACCESSED_ONLY)
+				entry = xas_find_marked(&xas, ULONG_MAX, PT_ACCESSED);
+			else
+				entry = xas_find(&xas, ULONG_MAX);
+			if (!entry)
+				break;
+			if (n == want) {
+				more = true;
+				break;
+			}
+			if (xa_is_value(entry)) {
+				unsigned long v = xa_to_value(entry);
+				unsigned long node = (v & PT_NODE_MASK) >> PT_NODE_SHIFT;
+				bool acc = xas_get_mark(&xas, PT_ACCESSED);
+
+				chunk[n++] = (struct pagetier_record){
+					.addr = (u64)xas.xa_index << PAGE_SHIFT,
+					.count = v & PT_COUNT_MASK,
+					.node = node ? node - 1 : PAGETIER_NODE_NONE,
+					.flags = PAGETIER_REC_PRESENT |
+						 ((v & PT_HUGE) ? PAGETIER_REC_HUGE : 0) |
+						 (acc ? PAGETIER_REC_ACCESSED : 0),
+				};
+				if (r.flags & PAGETIER_READ_RESET) {
+					xas_store(&xas, xa_mk_value(v & ~PT_COUNT_MASK));
+					xas_clear_mark(&xas, PT_ACCESSED);
+				}
+			}
+		}
+		index = xas.xa_index;
+		xas_unlock(&xas);
+		if (n && copy_to_user(ubuf + done, chunk, n * sizeof(*chunk))) {
+			ret = -EFAULT;
+			goto out;
+		}
+		done += n;
+		if (!more)
+			break;
+		more = false;
+		/* the entry at index was found but not taken: resume there */
+		if (done == r.buf_len) {
+			more = true;
+			break;
+		}
+	}
+	r.nr_records = done;
+	r.cursor = more ? index : 0;
+	if (copy_to_user(arg, &r, sizeof(r)))
+		ret = -EFAULT;
+out:
+	mutex_unlock(&targets_lock);
+	kfree(chunk);
+	return ret;
+}
+
+static long do_stats(struct pagetier_stats __user *arg)
+{
+	struct pagetier_stats s;
+	struct pagetier_target *t;
+	unsigned int i;
+	u32 pid;
+
+	if (get_user(pid, &arg->pid))
+		return -EFAULT;
+	if (copy_from_user(&s, arg, sizeof(s)))
+		return -EFAULT;
+	for (i = 0; i < ARRAY_SIZE(s.reserved); i++)
+		if (s.reserved[i])
+			return -EINVAL;
+	mutex_lock(&targets_lock);
+	t = find_pid_locked(pid);
+	if (t) {
+		s = (struct pagetier_stats){
+			.pid = pid,
+			.mode = t->ops->mode,
+			.scans = READ_ONCE(t->scans),
+			.pages_tracked = READ_ONCE(t->pages_tracked),
+			.pages_marked = READ_ONCE(t->pages_marked),
+			.faults = atomic64_read(&t->faults),
+			.accesses = atomic64_read(&t->accesses),
+			.scan_ns = READ_ONCE(t->scan_ns),
+		};
+	}
+	mutex_unlock(&targets_lock);
+	if (!t)
+		return -ESRCH;
+	return copy_to_user(arg, &s, sizeof(s)) ? -EFAULT : 0;
+}
+
+static long pagetier_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	void __user *uarg = (void __user *)arg;
+
+	switch (cmd) {
+	case PAGETIER_IOC_VERSION: {
+		struct pagetier_version v = {
+			.major = PAGETIER_VERSION_MAJOR,
+			.minor = PAGETIER_VERSION_MINOR,
+			.patch = PAGETIER_VERSION_PATCH,
+			.record_size = sizeof(struct pagetier_record),
+		};
+		return copy_to_user(uarg, &v, sizeof(v)) ? -EFAULT : 0;
+	}
+	case PAGETIER_IOC_ATTACH:
+		return do_attach(uarg);
+	case PAGETIER_IOC_DETACH:
+		return do_detach(uarg);
+	case PAGETIER_IOC_READ:
+		return do_read(uarg);
+	case PAGETIER_IOC_STATS:
+		return do_stats(uarg);
+	}
+	return -ENOTTY;
+}
+
+static int pagetier_open(struct inode *inode, struct file *file)
+{
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+	return 0;
+}
+
+static const struct file_operations pagetier_fops = {
+	.owner = THIS_MODULE,
+	.open = pagetier_open,
+	.unlocked_ioctl = pagetier_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.llseek = noop_llseek,
+};
+
+static struct miscdevice pagetier_dev = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = PAGETIER_DEVICE_NAME,
+	.fops = &pagetier_fops,
+	.mode = 0600,
+};
+
+/* --- /sys/kernel/pagetier --- */
+
+static ssize_t version_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%s\n", PAGETIER_VERSION_STRING);
+}
+
+static ssize_t targets_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
+{
+	struct pagetier_target *t;
+	int len = 0;
+
+	mutex_lock(&targets_lock);
+	list_for_each_entry(t, &pagetier_targets, node)
+		len += sysfs_emit_at(buf, len, "%d %s %llu %llu\n", t->pid, t->ops->name, t->scans,
+				     t->pages_tracked);
+	mutex_unlock(&targets_lock);
+	return len;
+}
+
+static ssize_t uint_store(const char *buf, size_t count, unsigned int *knob, unsigned int lo,
+			  unsigned int hi)
+{
+	unsigned int v;
+	int ret = kstrtouint(buf, 0, &v);
+
+	if (ret)
+		return ret;
+	if (v < lo || v > hi)
+		return -EINVAL;
+	WRITE_ONCE(*knob, v);
+	return count;
+}
+
+static ssize_t default_scan_period_ms_show(struct kobject *kobj, struct kobj_attribute *attr,
+					   char *buf)
+{
+	return sysfs_emit(buf, "%u\n", READ_ONCE(default_scan_period_ms));
+}
+
+static ssize_t default_scan_period_ms_store(struct kobject *kobj, struct kobj_attribute *attr,
+					    const char *buf, size_t count)
+{
+	return uint_store(buf, count, &default_scan_period_ms, PAGETIER_SCAN_PERIOD_MIN_MS,
+			  PAGETIER_SCAN_PERIOD_MAX_MS);
+}
+
+static ssize_t max_targets_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%u\n", READ_ONCE(max_targets));
+}
+
+static ssize_t max_targets_store(struct kobject *kobj, struct kobj_attribute *attr,
+				 const char *buf, size_t count)
+{
+	return uint_store(buf, count, &max_targets, 1, MAX_TARGETS_LIMIT);
+}
+
+static struct kobj_attribute version_attr = __ATTR_RO(version);
+static struct kobj_attribute targets_attr = __ATTR_RO(targets);
+static struct kobj_attribute default_scan_period_ms_attr = __ATTR_RW(default_scan_period_ms);
+static struct kobj_attribute max_targets_attr = __ATTR_RW(max_targets);
+
+static struct attribute *pagetier_attrs[] = {
+	&version_attr.attr,
+	&targets_attr.attr,
+	&default_scan_period_ms_attr.attr,
+	&max_targets_attr.attr,
+	NULL,
+};
+
+static const struct attribute_group pagetier_group = { .attrs = pagetier_attrs };
+static struct kobject *pagetier_kobj;
+
+static int __init pagetier_init(void)
+{
+	int ret;
+
+	ret = pagetier_ksyms_init();
+	if (ret)
+		return ret;
+	scan_wq = alloc_workqueue("pagetier", WQ_UNBOUND, 0);
+	if (!scan_wq)
+		return -ENOMEM;
+	ret = pagetier_fault_init();
+	if (ret)
+		goto err_wq;
+	pagetier_kobj = kobject_create_and_add("pagetier", kernel_kobj);
+	if (!pagetier_kobj) {
+		ret = -ENOMEM;
+		goto err_fault;
+	}
+	ret = sysfs_create_group(pagetier_kobj, &pagetier_group);
+	if (ret)
+		goto err_kobj;
+	ret = misc_register(&pagetier_dev);
+	if (ret)
+		goto err_kobj;
+	pr_info("version %s loaded\n", PAGETIER_VERSION_STRING);
+	return 0;
+
+err_kobj:
+	kobject_put(pagetier_kobj);
+err_fault:
+	pagetier_fault_exit();
+err_wq:
+	destroy_workqueue(scan_wq);
+	return ret;
+}
+
+static void __exit pagetier_exit(void)
+{
+	struct pagetier_target *t;
+
+	misc_deregister(&pagetier_dev); /* no new ioctls */
+	/* detach everything, restoring every page a mode left inaccessible */
+	for (;;) {
+		mutex_lock(&targets_lock);
+		t = list_first_entry_or_null(&pagetier_targets, struct pagetier_target, node);
+		if (t)
+			target_unlink_locked(t);
+		mutex_unlock(&targets_lock);
+		if (!t)
+			break;
+		detach_target(t);
+	}
+	sysfs_remove_group(pagetier_kobj, &pagetier_group);
+	kobject_put(pagetier_kobj);
+	pagetier_fault_exit();
+	destroy_workqueue(scan_wq);
+	pr_info("unloaded\n");
+}
+
+module_init(pagetier_init);
+module_exit(pagetier_exit);
+
+MODULE_LICENSE("GPL");
+MODULE_AUTHOR("pagetier developers");
+MODULE_DESCRIPTION("Per-process page-access counting through PTE bits");
+MODULE_VERSION(PAGETIER_VERSION_STRING);

@@ -1,0 +1,215 @@
+"""The kmod backend: pagetier.ko's access counts through /dev/pagetier ioctls.
+
+Records are decoded with the layout in pagetier.uapi (read from the module's UAPI header);
+``load_module()`` inserts the module built for the running kernel and refuses a .ko whose
+vermagic names another kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from pagetier import uapi
+from pagetier.errors import ConfigError, PagetierError, Unavailable
+from pagetier.profiler.base import HUGE_PAGES, Profiler, Sample, register
+
+REPO = Path(__file__).resolve().parent.parent
+SYSFS = Path("/sys/kernel/pagetier")
+
+_ERRNO_HINTS = {
+    errno.ESRCH: "no such process (or it is not attached)",
+    errno.EBUSY: "already attached",
+    errno.EINVAL: "invalid argument (a kernel thread, or a field out of range)",
+    errno.EACCES: "permission denied: ptrace access to the process is required",
+    errno.EPERM: "permission denied: CAP_SYS_ADMIN is required",
+    errno.ENOSPC: "too many targets (see /sys/kernel/pagetier/max_targets)",
+}
+
+
+class KmodError(PagetierError):
+    def __init__(self, what: str, err: int):
+        self.errno = err
+        hint = _ERRNO_HINTS.get(err, os.strerror(err))
+        super().__init__(f"{what}: {hint} [{errno.errorcode.get(err, err)}]")
+
+
+def module_path(release: str | None = None) -> Path:
+    return REPO / "build" / "kmod" / (release or platform.release()) / "pagetier.ko"
+
+
+def vermagic(ko: Path) -> str:
+    """The vermagic string in a .ko's .modinfo section (no modinfo binary needed)."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(ko, "rb") as f:
+        sec = ELFFile(f).get_section_by_name(".modinfo")
+        if sec is None:
+            raise Unavailable(f"{ko}: not a kernel module (no .modinfo)")
+        for item in sec.data().split(b"\0"):
+            if item.startswith(b"vermagic="):
+                return item[len(b"vermagic="):].decode()
+    raise Unavailable(f"{ko}: no vermagic in .modinfo")
+
+
+def is_loaded() -> bool:
+    return SYSFS.exists()
+
+
+def load_module(ko: Path | None = None) -> None:
+    """insmod pagetier.ko built for the running kernel (a no-op if it is loaded)."""
+    if is_loaded():
+        return
+    ko = Path(ko) if ko else module_path()
+    if not ko.exists():
+        raise Unavailable(
+            f"{ko} does not exist: build it with `make -C kmod KERNEL_DIR=/lib/modules/"
+            f"{platform.release()}/build` (scripts/setup.sh builds it for every installed kernel)"
+        )
+    magic = vermagic(ko).split()[0]
+    if magic != platform.release():
+        raise Unavailable(f"{ko} was built for kernel {magic}, but this kernel is "
+                          f"{platform.release()}: rebuild it for this kernel")
+    res = subprocess.run(["insmod", str(ko)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise Unavailable(f"insmod {ko} failed: {res.stderr.strip()} (see dmesg)")
+
+
+def unload_module() -> None:
+    if not is_loaded():
+        return
+    res = subprocess.run(["rmmod", "pagetier"], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise PagetierError(f"rmmod pagetier failed: {res.stderr.strip()}")
+
+
+class Device:
+    """/dev/pagetier and its ioctls, one method each."""
+
+    def __init__(self, path: str = uapi.DEVICE):
+        if not os.path.exists(path):
+            raise Unavailable(f"{path} is missing: load the module (`pagetier kmod load`)")
+        try:
+            self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except PermissionError:
+            raise Unavailable(f"{path}: permission denied (CAP_SYS_ADMIN is required)") from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _ioctl(self, cmd: int, arr: np.ndarray, what: str) -> np.ndarray:
+        buf = bytearray(arr.tobytes())
+        try:
+            fcntl.ioctl(self.fd, cmd, buf, True)
+        except OSError as e:
+            raise KmodError(what, e.errno) from None
+        return np.frombuffer(bytes(buf), arr.dtype)[0]
+
+    def version(self) -> tuple[int, int, int, int]:
+        v = self._ioctl(uapi.IOC_VERSION, np.zeros(1, uapi.VERSION_T), "VERSION")
+        return int(v["major"]), int(v["minor"]), int(v["patch"]), int(v["record_size"])
+
+    def attach(self, pid: int, mode: str = "fault", scan_period_ms: int = 0,
+               sample_ratio: int = 0, page_budget: int = 0) -> None:
+        if mode not in uapi.MODES:
+            raise ConfigError(f"unknown kmod mode {mode!r} (known: {', '.join(uapi.MODES)})")
+        a = np.zeros(1, uapi.ATTACH_T)
+        a["pid"], a["mode"], a["scan_period_ms"] = pid, uapi.MODES[mode], scan_period_ms
+        a["sample_ratio"], a["page_budget"] = sample_ratio, page_budget
+        self._ioctl(uapi.IOC_ATTACH, a, f"attach pid {pid}")
+
+    def detach(self, pid: int) -> None:
+        d = np.zeros(1, uapi.DETACH_T)
+        d["pid"] = pid
+        self._ioctl(uapi.IOC_DETACH, d, f"detach pid {pid}")
+
+    def read(self, pid: int, reset: bool = False, accessed_only: bool = False,
+             chunk: int = 65536) -> np.ndarray:
+        """All records of ``pid`` (RECORD_T array), read in chunks with the cursor."""
+        out = []
+        cursor = 0
+        buf = np.zeros(chunk, uapi.RECORD_T)
+        flags = (uapi.READ_RESET if reset else 0) | (uapi.READ_ACCESSED_ONLY if accessed_only else 0)
+        while True:
+            r = np.zeros(1, uapi.READ_T)
+            r["pid"], r["flags"], r["buf"] = pid, flags, buf.ctypes.data
+            r["buf_len"], r["cursor"] = chunk, cursor
+            r = self._ioctl(uapi.IOC_READ, r, f"read pid {pid}")
+            n = int(r["nr_records"])
+            out.append(buf[:n].copy())
+            cursor = int(r["cursor"])
+            if cursor == 0:
+                break
+        return np.concatenate(out) if out else np.zeros(0, uapi.RECORD_T)
+
+    def stats(self, pid: int) -> dict:
+        s = np.zeros(1, uapi.STATS_T)
+        s["pid"] = pid
+        s = self._ioctl(uapi.IOC_STATS, s, f"stats pid {pid}")
+        return {k: int(s[k]) for k in uapi.STATS_T.names if k not in ("reserved", "pid")}
+
+
+def records_to_sample(pid: int, rec: np.ndarray, complete: bool) -> Sample:
+    huge = (rec["flags"] & uapi.REC_HUGE) != 0
+    node = rec["node"].astype(np.int64)
+    node[rec["node"] == uapi.NODE_NONE] = -1
+    return Sample(pid=pid, addr=rec["addr"].astype(np.uint64), count=rec["count"].astype(np.uint32),
+                  node=node.astype(np.int16),
+                  npages=np.where(huge, HUGE_PAGES, 1).astype(np.uint16), complete=complete)
+
+
+@register("kmod")
+class KmodProfiler(Profiler):
+    """pagetier.ko: mode 'fault' (hinting faults on sampled pages) or 'abit' (Accessed bits)."""
+
+    def __init__(self, mode: str = "fault", scan_period_ms: int = 0, sample_ratio: int = 0,
+                 page_budget: int = 0, load: bool = True):
+        if mode not in uapi.MODES:
+            raise ConfigError(f"kmod: unknown mode {mode!r} (known: {', '.join(uapi.MODES)})")
+        if load:
+            load_module()
+        self.mode, self.scan_period_ms = mode, int(scan_period_ms)
+        self.sample_ratio, self.page_budget = int(sample_ratio), int(page_budget)
+        self.dev = Device()
+        self.pids: set[int] = set()
+
+    @classmethod
+    def probe(cls) -> None:
+        if platform.system() != "Linux":
+            raise Unavailable("kmod: Linux only")
+
+    def attach(self, pid: int) -> None:
+        self.dev.attach(pid, self.mode, self.scan_period_ms, self.sample_ratio, self.page_budget)
+        self.pids.add(pid)
+
+    def detach(self, pid: int) -> None:
+        self.pids.discard(pid)
+        try:
+            self.dev.detach(pid)
+        except KmodError as e:
+            if e.errno != errno.ESRCH:  # already gone: the module forgot it
+                raise
+
+    def read(self, pid: int, reset: bool = True, accessed_only: bool = False) -> Sample:
+        rec = self.dev.read(pid, reset=reset, accessed_only=accessed_only)
+        return records_to_sample(pid, rec, complete=not accessed_only)
+
+    def stats(self, pid: int) -> dict:
+        return self.dev.stats(pid)
+
+    def close(self) -> None:
+        for pid in list(self.pids):
+            try:
+                self.detach(pid)
+            except PagetierError:
+                pass
+        if getattr(self, "dev", None):
+            self.dev.close()

@@ -1,0 +1,52 @@
+"""`pagetier kmod load|unload|status`: manage pagetier.ko."""
+from __future__ import annotations
+
+import json
+import platform
+
+import click
+
+from pagetier.profiler import kmod
+
+
+@click.group("kmod")
+def command():
+    """Load, unload and inspect the pagetier kernel module."""
+
+
+@command.command("load")
+@click.option("--ko", type=click.Path(dir_okay=False), help="a .ko other than the one built for this kernel")
+def load(ko):
+    """Insert pagetier.ko built for the running kernel (refuses one built for another)."""
+    kmod.load_module(ko)
+    click.echo(f"pagetier.ko {(kmod.SYSFS / 'version').read_text().strip()} loaded "
+               f"on {platform.release()}")
+
+
+@command.command("unload")
+def unload():
+    """Remove pagetier.ko; every target is detached and its pages made accessible again."""
+    kmod.unload_module()
+    click.echo("pagetier.ko unloaded")
+
+
+@command.command("status")
+@click.option("--json", "as_json", is_flag=True)
+def status(as_json):
+    """Whether the module is loaded, its version, knobs and attached targets."""
+    st = {"loaded": kmod.is_loaded(), "kernel": platform.release(),
+          "built": str(kmod.module_path()) if kmod.module_path().exists() else None}
+    if st["loaded"]:
+        for f in ("version", "default_scan_period_ms", "max_targets"):
+            st[f] = (kmod.SYSFS / f).read_text().strip()
+        st["targets"] = [dict(zip(("pid", "mode", "scans", "pages_tracked"), ln.split()))
+                         for ln in (kmod.SYSFS / "targets").read_text().splitlines()]
+    if as_json:
+        click.echo(json.dumps(st))
+        return
+    click.echo(f"kernel {st['kernel']}; module built: {st['built'] or 'no'}; loaded: {'yes' if st['loaded'] else 'no'}")
+    if st["loaded"]:
+        click.echo(f"version {st['version']}, default scan period {st['default_scan_period_ms']} ms, "
+                   f"max targets {st['max_targets']}")
+        for t in st["targets"]:
+            click.echo(f"  pid {t['pid']:>7}  {t['mode']:<5}  scans {t['scans']:>6}  pages {t['pages_tracked']}")
