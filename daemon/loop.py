@@ -331,6 +331,7 @@ class Daemon:
         cpu0, wall0 = time.process_time(), time.monotonic()
         cfg, st = self.cfg, self.state
         st.begin_interval()
+        merge_s = 0.0
         for pid in sorted(self.targets):
             try:
                 sample = self.profiler.read(pid, reset=True)
@@ -339,7 +340,9 @@ class Daemon:
                     self.drop(pid)
                     continue
                 raise
+            t_merge = time.process_time()
             update_state(st, sample)
+            merge_s += time.process_time() - t_merge
         self._fill_nodes()
 
         budget, limit = self.budget_pages(), self.rate_pages()
@@ -407,6 +410,7 @@ class Daemon:
             "dry_run": cfg.dry_run,
             "errors": acc["errors"],
             "policy": dict(dec.stats),
+            "merge_s": round(merge_s, 6),  # PageState bookkeeping of the samples
             "decide_s": round(decide_s, 6),
             "cpu_s": round(time.process_time() - cpu0, 6),
             "wall_s": round(time.monotonic() - wall0, 6),

@@ -169,22 +169,20 @@ def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
     status = np.full(n, _NOT_REACHED, np.int32)
     nodes = np.full(min(n, batch), node, np.int32)
     res = MoveResult()
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("moved", "busy", "gone", "nomem", "failed")}
     s = 0
     while s < n:
         e = min(n, s + batch)
         _raw(pid, addrs[s:e], nodes[:e - s], status[s:e], flags)
         res.calls += 1
-        for k, v in classify(status[s:e], node, s).items():
-            parts[k].append(v)
+        nomem = (status[s:e] == -errno.ENOMEM).any()
         s = e
-        if parts["nomem"][-1].size:
+        if nomem:
             res.stopped = True
             break
+    for k, v in classify(status[:s], node).items():
+        setattr(res, k, v)
     if s < n:
-        parts["nomem"].append(np.arange(s, n, dtype=np.int64))
-    for k, v in parts.items():
-        setattr(res, k, np.concatenate(v) if v else np.zeros(0, np.int64))
+        res.nomem = np.concatenate([res.nomem, np.arange(s, n, dtype=np.int64)])
     done = status[:s]
     for code in np.unique(done[(done < 0) & (done != _NOT_REACHED)]):
         res.errors[errno.errorcode.get(-int(code), str(-int(code)))] = int((done == code).sum())

@@ -567,3 +567,10 @@ def test_cli_help_has_examples(tmp_path):
     for cmd in ("run", "attach", "status"):
         r = cli(tmp_path, cmd, "--help")
         assert r.returncode == 0 and "Example" in r.stdout
+
+
+def test_sample_config_loads():
+    cfg = config_mod.load(REPO / "scripts" / "pagetier.toml")
+    assert cfg.fast_budget == 2 << 30 and cfg.profiler_options == {"mode": "fault"}
+    unit = (REPO / "scripts" / "pagetier.service").read_text()
+    assert "--config /etc/pagetier/pagetier.toml" in unit and "ExecReload=/bin/kill -HUP" in unit
