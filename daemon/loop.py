@@ -18,6 +18,7 @@ detached, numa_balancing restored); SIGHUP reloads the configuration.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -282,10 +283,12 @@ class Daemon:
             try:
                 res = self.mover.move(int(pid), st.addresses(sel), node)
             except mover_mod.MoveError as e:
-                if e.errno == 3:  # ESRCH
+                gone = self._target_gone(pid, e)
+                if gone is False:
+                    raise
+                if gone:
                     gone_pids.add(pid)
-                    continue
-                raise
+                continue
             moved = sel[res.moved]
             window = self.cfg.ping_pong_window
             last = st.last_move[moved]
@@ -308,6 +311,19 @@ class Daemon:
                 break
         return ok
 
+    def _target_gone(self, pid: int, e: "mover_mod.MoveError") -> bool | None:
+        """A whole-call move_pages error: True when the target exited (ESRCH, or EINVAL once
+        its mm is gone), None to skip it this interval (EINVAL while it still looks alive: it
+        is exiting), False for a real error."""
+        if e.errno == errno.ESRCH:
+            return True
+        if e.errno == errno.EINVAL:
+            if not self._alive(pid):
+                return True
+            log.debug("%s: skipped this interval", e)
+            return None
+        return False
+
     def _fill_nodes(self) -> None:
         """Ask the kernel for the node of units the profiler did not place."""
         query = getattr(self.mover, "query_nodes", None)
@@ -320,8 +336,10 @@ class Daemon:
             sel = unknown[pids == pid]
             try:
                 nodes = query(int(pid), st.addresses(sel))
-            except mover_mod.MoveError:
-                continue  # the process is gone: refresh_targets drops it
+            except mover_mod.MoveError as e:
+                if self._target_gone(pid, e) is False:
+                    raise
+                continue  # refresh_targets drops it once it has exited
             st.node[sel] = np.where(nodes >= 0, nodes, -1).astype(np.int8)
 
     # ------------------------------------------------------------------ one interval

@@ -20,7 +20,7 @@ anything else             failed      count it
 When the kernel gives up on a batch part way (it then returns the number of pages it did not
 move), the pages it never reached keep the status we pre-filled and count as ``busy``.
 Whole-call errors are raised as :class:`MoveError` with a message saying what to do: ESRCH (the
-process is gone), EPERM (moving another user's pages needs CAP_SYS_NICE), EACCES, ENODEV (the
+process is gone), EINVAL (it is exiting: its mm is gone), EPERM (moving another user's pages needs CAP_SYS_NICE), EACCES, ENODEV (the
 node has no memory or does not exist).
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ def libnuma():
         #                     int *status, int flags)
         f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p,
                       ctypes.c_void_p, ctypes.c_int]
-        f.restype = ctypes.c_long  # int in C; c_long reads the same register, sign extended
+        f.restype = ctypes.c_int
         _lib = lib
     return _lib
 
@@ -98,7 +98,8 @@ def _call_error(err: int, pid: int, node: int | None) -> MoveError:
         errno.ENODEV: f"node {node} has no memory or does not exist (nodes with memory: "
                       f"{_online_nodes()}; see numactl -H)",
         errno.E2BIG: f"{what}: too many pages in one call",
-        errno.EINVAL: f"{what}: invalid argument to move_pages (node {node})",
+        errno.EINVAL: f"{what}: it has no address space (exiting, or a kernel thread), or an "
+                      f"invalid argument to move_pages (node {node})",
     }
     msg = msgs.get(err, f"{what}: move_pages failed: {os.strerror(err)}")
     return MoveError(f"move_pages: {msg}", err)

@@ -574,3 +574,26 @@ def test_sample_config_loads():
     assert cfg.fast_budget == 2 << 30 and cfg.profiler_options == {"mode": "fault"}
     unit = (REPO / "scripts" / "pagetier.service").read_text()
     assert "--config /etc/pagetier/pagetier.toml" in unit and "ExecReload=/bin/kill -HUP" in unit
+
+
+@pytest.mark.parametrize("err,alive,dropped,raises", [
+    (errno.ESRCH, True, True, False), (errno.EINVAL, False, True, False),
+    (errno.EINVAL, True, False, False), (errno.EPERM, True, False, True),
+])
+def test_move_call_errors(tmp_path, err, alive, dropped, raises):
+    """A target that exits while its pages move (ESRCH, or EINVAL once its mm is gone) is
+    dropped, not fatal; EPERM and the like stop the daemon with their message."""
+    d = make_daemon(tmp_path, units=16, hot=16, budget="1G")
+
+    def move(pid, addrs, node):
+        raise mover.MoveError(f"move_pages: {os.strerror(err)}", err)
+
+    d.mover.move = move
+    d._alive = lambda pid: alive
+    if raises:
+        with pytest.raises(mover.MoveError):
+            d.step()
+        return
+    s = d.step()
+    assert s["promoted"] == 0
+    assert (d.targets == set()) == dropped

@@ -70,6 +70,13 @@ def run_daemon(env, daemon_args, workload_args, timeout=240):
     return r, stats, events
 
 
+def summary(r, stats, events) -> str:
+    fr = [e["fast_fraction"] for e in events if e["event"] == "tick"]
+    moves = [(s["interval"], s["promoted"], s["demoted"], s["fast_used"] >> 20) for s in stats]
+    return (f"fast_fraction per tick: {fr}\n(interval, promoted, demoted, fast MiB): {moves}\n"
+            f"stderr: {r.stderr[-2000:]}")
+
+
 def check_budget(stats, budget):
     assert stats, "no stats lines"
     for s in stats:
@@ -81,16 +88,16 @@ def test_hot_set_promoted_within_budget(env, numab_on):
     r, stats, events = run_daemon(
         env, ["--fast-budget", "96M", "--interval", "1", "--profiler", "kmod"],
         ["--size", "256", "--hot", "64", "--start-node", "1", "--duration", "30"])
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, summary(r, stats, events)
     ticks = [e for e in events if e["event"] == "tick"]
     done = [e for e in events if e["event"] == "done"]
     assert done and done[0]["pages_corrupt"] == 0
     check_budget(stats, 96 * MIB)
     good = [t for t in ticks if t["fast_fraction"] >= 0.95]
-    assert good, f"hot pages never reached node 0: {[t['fast_fraction'] for t in ticks]}"
-    # within a few intervals of the first stats line, and it stays there
-    assert good[0]["t"] <= ticks[0]["t"] + 12, [t["fast_fraction"] for t in ticks]
-    assert all(t["fast_fraction"] >= 0.95 for t in ticks[-5:]), [t["fast_fraction"] for t in ticks]
+    assert good, "hot pages never reached node 0: " + summary(r, stats, events)
+    # within a few intervals of the first tick, and it stays there
+    assert good[0]["t"] <= ticks[0]["t"] + 12, summary(r, stats, events)
+    assert all(t["fast_fraction"] >= 0.95 for t in ticks[-5:]), summary(r, stats, events)
     assert sum(s["promoted"] for s in stats) >= 64 * 256
     assert NUMAB.read_text().strip() == "1", "numa_balancing not restored"
     assert "numa_balancing 1 -> 0" in r.stderr
@@ -101,14 +108,14 @@ def test_phased_workload_followed(env, numab_on):
         env, ["--fast-budget", "96M", "--interval", "1", "--profiler", "kmod"],
         ["--size", "256", "--hot", "64", "--hot-offset", "32", "--start-node", "1",
          "--phase", "8", "--duration", "34"])
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, summary(r, stats, events)
     check_budget(stats, 96 * MIB)
     ticks = [e for e in events if e["event"] == "tick"]
     phases = sorted({t["phase"] for t in ticks})
     assert len(phases) >= 3, phases
     for p in phases[1:-1]:  # the first starts cold, the last may be cut short
         fr = [t["fast_fraction"] for t in ticks if t["phase"] == p]
-        assert max(fr) >= 0.9, f"phase {p} not followed: {fr}"
+        assert max(fr) >= 0.9, f"phase {p} not followed: " + summary(r, stats, events)
     assert sum(s["demoted"] for s in stats) > 0, "old hot windows were never demoted"
     assert NUMAB.read_text().strip() == "1"
 
