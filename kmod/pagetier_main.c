@@ -122,11 +122,41 @@ static void target_unlink_locked(struct pagetier_target *t)
 	nr_targets--;
 }
 
+/*
+ * The target's address space is gone: if the process lives on, it called execve. Follow it to
+ * its new address space, with fresh counts. Return: true if the target now tracks that one.
+ */
+static bool follow_exec(struct pagetier_target *t)
+{
+	struct task_struct *task = get_pid_task(t->spid, PIDTYPE_PID);
+	struct mm_struct *mm = task ? get_task_mm(task) : NULL;
+	struct mm_struct *old = t->mm;
+
+	if (task)
+		put_task_struct(task);
+	if (!mm)
+		return false;
+	if (mm == old) { /* exiting, not yet gone */
+		mmput(mm);
+		return false;
+	}
+	mmgrab(mm);
+	mmput(mm);
+	WRITE_ONCE(t->mm, mm); /* the fault hook only compares this pointer */
+	xa_destroy(&t->pages);
+	t->pages_tracked = 0;
+	mmdrop(old);
+	pr_debug("pid %d called execve; following it\n", t->pid);
+	return true;
+}
+
 static void scan_work(struct work_struct *work)
 {
 	struct pagetier_target *t = container_of(to_delayed_work(work), struct pagetier_target, work);
 	int ret = pagetier_scan(t);
 
+	if (ret == -ESRCH && follow_exec(t))
+		ret = pagetier_scan(t);
 	if (ret != -ESRCH) {
 		queue_delayed_work(scan_wq, &t->work, msecs_to_jiffies(t->scan_period_ms));
 		return;

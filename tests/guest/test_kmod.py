@@ -236,3 +236,20 @@ def test_module_for_another_kernel_is_refused(tmp_path):
             kmod.load_module(others[0])
     finally:
         kmod.load_module()
+
+
+def test_target_that_calls_execve_is_followed(dev):
+    """A target that execs (a wrapper script, `pagetier workload`) is tracked in its new image."""
+    from pagetier.workload import binary
+
+    proc = subprocess.Popen(["sh", "-c", f"sleep 1; exec {binary()} --size 32 --hot 8 --duration 4 --quiet"],
+                            stdout=subprocess.PIPE, text=True)
+    dev.attach(proc.pid, "abit", scan_period_ms=100)
+    ready = proc.stdout.readline()
+    assert '"ready"' in ready
+    time.sleep(1.0)
+    rec = dev.read(proc.pid)
+    st = dev.stats(proc.pid)
+    dev.detach(proc.pid)
+    assert proc.wait() == 0
+    assert len(rec) >= 8192 and st["scans"] > 0

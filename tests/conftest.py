@@ -1,0 +1,21 @@
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def built():
+    """Build what the guest needs on the host (the guest sees the repository read-only)."""
+    from pagetier.workload import binary
+    from pagetier.vm import kernels
+
+    binary()
+    for release in kernels().values():
+        kd = f"/lib/modules/{release}/build"
+        if os.path.isdir(kd):
+            subprocess.run(["make", "-s", "-C", str(REPO / "kmod"), f"KERNEL_DIR={kd}"],
+                           check=True, capture_output=True, text=True)

@@ -1,0 +1,51 @@
+"""Boot each supported kernel once with two NUMA nodes and run every test in tests/guest in it.
+
+One boot per kernel keeps the suite inside CI's time; the guest's pytest prints each test's
+result, and the boot fails on any kernel report in dmesg (Oops, BUG, WARNING, ...).
+"""
+import pytest
+
+from pagetier import vm
+
+pytestmark = pytest.mark.vm
+
+SERIES = ["6.1", "6.12"]
+
+
+def _need(kernel):
+    if kernel not in vm.kernels():
+        pytest.skip(f"kernel {kernel} not installed (scripts/setup.sh installs it)")
+
+
+@pytest.mark.parametrize("kernel", SERIES)
+def test_guest_suite(kernel, built):
+    _need(kernel)
+    res = vm.run(
+        "python -m pytest -p no:cacheprovider -q -rfEs tests/guest", kernel=kernel,
+        timeout=2400, echo=False,
+    )
+    print(res.output)
+    print(f"[{res.kernel}: {res.seconds:.0f} s]")
+    res.check()
+
+
+def test_harness_reports_failures_and_kernel_warnings(built):
+    """A failing command and a WARNING in dmesg both fail a run, and say so."""
+    kernel = "6.12" if "6.12" in vm.kernels() else next(iter(vm.kernels()), None)
+    if kernel is None:
+        pytest.skip("no kernel installed")
+    res = vm.run("echo 'WARNING: CPU: 0 PID: 1 at pagetier harness self-test' > /dev/kmsg; exit 3",
+                 kernel=kernel, timeout=600)
+    assert res.returncode == 3
+    assert any("harness self-test" in r for r in res.reports)
+    assert not res.ok
+    with pytest.raises(vm.VMError, match=r"exited with status 3.*kernel reports"):
+        res.check()
+
+
+def test_kernel_report_patterns():
+    assert vm.kernel_reports("[ 1.0] BUG: unable to handle page fault\n[ 2.0] ok\n") == \
+        ["[ 1.0] BUG: unable to handle page fault"]
+    assert vm.kernel_reports("[ 3.0] WARNING: CPU: 1 PID: 5 at mm/memory.c:123\n")
+    assert vm.kernel_reports("Corrupted page table at address 7f00\n")
+    assert not vm.kernel_reports("[ 1.1] PCI: Using host bridge windows from ACPI; report a bug\n")
