@@ -32,7 +32,8 @@ def guest_demo(seconds: int, budget: str, mode: str) -> int:
     moved_mb = 0.0
     promoted = demoted = 0
     ticks, stats = [], []
-    click.echo(f"{'t':>4} {'hot on fast':>11} {'promoted':>9} {'demoted':>8} {'fast used':>10}")
+    click.echo(f"{'t':>4} {'hot on fast':>11} {'promoted':>9} {'demoted':>8} {'fast used':>10}"
+               "   (moves so far)")
     last = {}
     for line in proc.stdout:
         try:
@@ -43,8 +44,8 @@ def guest_demo(seconds: int, budget: str, mode: str) -> int:
         if ev.get("event") == "tick":
             ticks.append(ev)
             click.echo(f"{ev['t']:>4.0f} {ev['fast_fraction'] * 100:>10.1f}% "
-                       f"{last.get('promoted', 0) * 4 / 1024:>7.1f}MB "
-                       f"{last.get('demoted', 0) * 4 / 1024:>6.1f}MB "
+                       f"{promoted * 4 / 1024:>7.1f}MB "
+                       f"{demoted * 4 / 1024:>6.1f}MB "
                        f"{last.get('fast_used', 0) / 2**20:>8.1f}MB")
         elif ev.get("event") == "done":
             done = ev
