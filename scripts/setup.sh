@@ -20,7 +20,7 @@ need_root() {
 APT_PKGS=(build-essential bc flex bison libelf-dev kmod cpio busybox-static
 	qemu-system-x86 qemu-utils
 	python3 python3-venv python3-dev python3-pip python3-bpfcc bpfcc-tools
-	libnuma1 libnuma-dev numactl udev iproute2 procps
+	libnuma1 libnuma-dev numactl udev iproute2 procps util-linux
 	linux-image-amd64 linux-headers-amd64)
 
 install_apt() {
@@ -69,11 +69,13 @@ build_kmod() {
 		[ -d "$kd" ] || continue
 		local kver; kver=$(basename "$(dirname "$kd")")
 		log "building kmod/ for $kver"
-		make -s -C kmod KERNEL_DIR="$kd" O="build/$kver" >/dev/null
+		make -s -C kmod KERNEL_DIR="$kd" >/dev/null
 	done
 }
 
 if [ "${1:-}" != "--no-apt" ]; then install_apt; fi
 install_venv
 build_kmod
+log "building the built-in workload"
+.venv/bin/python -c 'from pagetier.workload import binary; binary()'
 log "done: activate with 'source .venv/bin/activate', or run .venv/bin/pagetier"
