@@ -35,10 +35,13 @@ setup(
         "py-libnuma>=1.2,<2",
         "pyelftools>=0.29,<1",
         "matplotlib>=3.7,<4",
+        # traces (pagetier record/heatmap/report) are Parquet files
+        "pyarrow>=14,<25",
+        "pandas>=2,<4",
     ],
     extras_require={
         "test": ["pytest>=7.4,<10", "virtme-ng>=1.30,<2"],
-        "trace": ["pyarrow>=14,<25", "pandas>=2,<4"],
+        "trace": [],  # kept for old install lines: pyarrow and pandas are core now
         "rl": ["gymnasium>=0.29,<2"],
         "ilp": ["highspy>=1.7,<2"],
         "torch": ["torch>=2.2,<=2.13.0"],
