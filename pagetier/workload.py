@@ -17,12 +17,14 @@ import click
 
 from pagetier.errors import Unavailable
 
-SOURCE = Path(__file__).with_name("hotcold.c")
-BINARY = Path(__file__).resolve().parent.parent / "build" / "bin" / "hotcold"
+BIN_DIR = Path(__file__).resolve().parent.parent / "build" / "bin"
 
 
-def binary() -> Path:
-    """The compiled workload, built (on the host: the guest sees the repository read-only)."""
+def binary(name: str = "hotcold") -> Path:
+    """A compiled C program of pagetier/ (hotcold, churn), built if needed (on the host: the
+    guest sees the repository read-only)."""
+    SOURCE = Path(__file__).with_name(f"{name}.c")
+    BINARY = BIN_DIR / name
     if BINARY.exists() and BINARY.stat().st_mtime >= SOURCE.stat().st_mtime:
         return BINARY
     cc = shutil.which("cc") or shutil.which("gcc")

@@ -77,5 +77,5 @@ if [ "${1:-}" != "--no-apt" ]; then install_apt; fi
 install_venv
 build_kmod
 log "building the built-in workload"
-.venv/bin/python -c 'from pagetier.workload import binary; binary()'
+.venv/bin/python -c 'from pagetier.workload import binary; binary(); binary("churn")'
 log "done: activate with 'source .venv/bin/activate', or run .venv/bin/pagetier"

@@ -14,6 +14,7 @@ def built():
     from pagetier.vm import kernels
 
     binary()
+    binary("churn")
     for release in kernels().values():
         kd = f"/lib/modules/{release}/build"
         if os.path.isdir(kd):

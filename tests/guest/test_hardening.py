@@ -1,0 +1,138 @@
+"""pagetier.ko under churn and fuzzing. Short versions run by default; PAGETIER_LONG=1 (see
+scripts/hardening.sh) runs the long ones. The harness fails the boot on any kernel report."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import random
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from pagetier import uapi
+from pagetier.profiler import kmod
+from pagetier.workload import Workload, binary
+
+from helpers import fresh_module, vmstat
+
+pytestmark = pytest.mark.vm
+LONG = os.environ.get("PAGETIER_LONG") == "1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_loaded():
+    fresh_module()
+    yield
+    kmod.unload_module()
+
+
+def test_attach_detach_cycles_while_target_churns():
+    """Attach/detach in both modes, with reads, while the target maps, remaps, mprotects,
+    discards, forks and shares memory; the target's own checks must all pass."""
+    seconds = 240 if LONG else 12
+    churn = subprocess.Popen([str(binary("churn")), str(seconds)], stdout=subprocess.PIPE, text=True)
+    dev, other = kmod.Device(), kmod.Device()
+    cycles = reads = 0
+    end = time.monotonic() + seconds - 1
+    try:
+        while time.monotonic() < end and churn.poll() is None:
+            mode = ("fault", "abit")[cycles % 2]
+            try:
+                dev.attach(churn.pid, mode, scan_period_ms=10, sample_ratio=1 + cycles % 3)
+            except kmod.KmodError as e:
+                if e.errno == errno.ESRCH:
+                    break
+                raise
+            for _ in range(1 + cycles % 3):
+                time.sleep(0.01)
+                (dev if reads % 2 else other).read(churn.pid, reset=bool(reads % 3),
+                                                   accessed_only=bool(reads % 5 == 0))
+                reads += 1
+            dev.detach(churn.pid)
+            cycles += 1
+    finally:
+        dev.close()
+        other.close()
+    out, _ = churn.communicate(timeout=120)
+    print(f"churn: {cycles} attach/detach cycles, {reads} reads; target says {out.strip()}")
+    assert churn.returncode == 0, out
+    assert cycles >= 20
+    assert (kmod.SYSFS / "targets").read_text() == ""
+
+
+def test_rmmod_under_load():
+    """rmmod while several targets are attached and scanned fast; their memory stays intact."""
+    ws = [Workload("--size", "32", "--hot", "16", "--duration", "0", "--quiet") for _ in range(3)]
+    dev = kmod.Device()
+    for i, w in enumerate(ws):
+        dev.attach(w.pid, ("fault", "abit")[i % 2], scan_period_ms=10)
+    time.sleep(1)
+    dev.close()
+    kmod.unload_module()
+    f0 = vmstat("numa_hint_faults")
+    time.sleep(1)
+    assert vmstat("numa_hint_faults") == f0, "pages left inaccessible after rmmod"
+    assert all(w.stop() == 0 for w in ws)
+    kmod.load_module()
+
+
+def _pointers(rng, good: int) -> list[int]:
+    return [0, 1, 8, good, good + 3, good + 4095, 0xFFFF_FFFF_FFFF_F000, 0xFFFF_8880_0000_0000,
+            0xFFFF_FFFF_8100_0000, 0x7FFF_FFFF_F000, 0xDEAD_0000, rng.getrandbits(64)]
+
+
+def test_ioctl_fuzz():
+    """Random commands, sizes, pointers and field values: every call answered with an errno
+    or success, the kernel quiet, nothing left attached to processes the fuzzer did not own."""
+    calls = 100_000 if LONG else 20_000
+    rng = random.Random(1234)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+    dev = kmod.Device()
+    with Workload("--size", "16", "--hot", "4", "--duration", "0", "--quiet") as w:
+        buf = ctypes.create_string_buffer(4096)
+        good = ctypes.addressof(buf)
+        rec = ctypes.create_string_buffer(24 * 64)
+        valid = [uapi.IOC_VERSION, uapi.IOC_ATTACH, uapi.IOC_DETACH, uapi.IOC_READ, uapi.IOC_STATS]
+        pids = [w.pid, 0, 2, 999_999, 2**31 - 1, 2**32 - 1]  # never a process it does not own
+        errnos: dict[int, int] = {}
+        for i in range(calls):
+            r = rng.random()
+            if r < 0.15:
+                cmd = rng.getrandbits(32)
+            elif r < 0.3:  # a valid number with a random size or direction
+                cmd = (rng.choice(valid) & ~(0x3FFF << 16)) | (rng.getrandbits(14) << 16)
+                cmd ^= rng.getrandbits(2) << 30 if rng.random() < 0.5 else 0
+            else:
+                cmd = rng.choice(valid)
+            ctypes.memset(buf, 0, 256)
+            words = np.frombuffer(buf, np.uint64, 32)
+            n = rng.randrange(1, 16)
+            words[1:n] = [rng.choice([0, 1, 2, rng.getrandbits(32), rng.getrandbits(64)])
+                          for _ in range(n - 1)]
+            pid_word = rng.choice(pids) | (rng.choice([1, 2, 3, 0]) << 32)
+            np.frombuffer(buf, np.uint64, 1)[0] = pid_word
+            if cmd == uapi.IOC_READ and rng.random() < 0.5:
+                np.frombuffer(buf, np.uint64, 4)[1] = rng.choice(_pointers(rng, ctypes.addressof(rec)))
+                np.frombuffer(buf, np.uint64, 4)[2] = rng.choice([0, 1, 64, 2**40])
+                np.frombuffer(buf, np.uint64, 4)[3] = rng.choice([0, 4096, rng.getrandbits(64)])
+            arg = good if rng.random() < 0.8 else rng.choice(_pointers(rng, good))
+            ret = libc.ioctl(dev.fd, cmd & 0xFFFF_FFFF, ctypes.c_void_p(arg))
+            e = ctypes.get_errno() if ret < 0 else 0
+            assert ret in (0, -1), f"ioctl returned {ret}"
+            errnos[e] = errnos.get(e, 0) + 1
+        targets = (kmod.SYSFS / "targets").read_text().split("\n")
+        for line in filter(None, targets):
+            pid = int(line.split()[0])
+            assert pid == w.pid, f"fuzzer left pid {pid} attached"
+            dev.detach(pid)
+        assert w.stop() == 0
+    dev.close()
+    names = {errno.errorcode.get(k, str(k)) if k else "ok": v for k, v in sorted(errnos.items())}
+    print(f"ioctl fuzz: {calls} calls: {names}")
+    assert set(errnos) <= {0, errno.ENOTTY, errno.EINVAL, errno.EFAULT, errno.ESRCH,
+                           errno.EBUSY, errno.EACCES, errno.ENOSPC, errno.ENOMEM}
