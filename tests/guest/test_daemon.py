@@ -72,8 +72,10 @@ def run_daemon(env, daemon_args, workload_args, timeout=240):
 
 def summary(r, stats, events) -> str:
     fr = [e["fast_fraction"] for e in events if e["event"] == "tick"]
-    moves = [(s["interval"], s["promoted"], s["demoted"], s["fast_used"] >> 20) for s in stats]
-    return (f"fast_fraction per tick: {fr}\n(interval, promoted, demoted, fast MiB): {moves}\n"
+    moves = [(s["interval"], s["t"], s["promoted"], s["demoted"], s["fast_used"] >> 20,
+              s["wall_s"], s["cpu_s"]) for s in stats]
+    return (f"fast_fraction per tick: {fr}\n(interval, t, promoted, demoted, fast MiB, wall_s, "
+            f"cpu_s): {moves}\n"
             f"stderr: {r.stderr[-2000:]}")
 
 
@@ -121,7 +123,8 @@ def test_phased_workload_followed(env, numab_on):
 
 
 def test_attach_moves_hot_pages(env, numab_on, tmp_path):
-    with Workload("--size", "128", "--hot", "32", "--start-node", "1", "--duration", "40",
+    # --duration 0: it runs until stopped (a fixed one could end first in a slow guest)
+    with Workload("--size", "128", "--hot", "32", "--start-node", "1", "--duration", "0",
                   "--quiet") as w:
         rd = w.ready
         cmd = [*PAGETIER, "attach", str(w.pid), "--fast-budget", "48M", "--interval", "1",
