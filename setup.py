@@ -40,7 +40,7 @@ setup(
         "pandas>=2,<4",
     ],
     extras_require={
-        "test": ["pytest>=7.4,<10", "virtme-ng>=1.30,<2"],
+        "test": ["pytest>=7.4,<10", "virtme-ng>=1.30,<2", "highspy>=1.7,<2", "gymnasium>=0.29,<2"],
         "trace": [],  # kept for old install lines: pyarrow and pandas are core now
         "rl": ["gymnasium>=0.29,<2"],
         "ilp": ["highspy>=1.7,<2"],

@@ -1,0 +1,330 @@
+"""The trace simulator: replay recorded (or synthetic) frames through a placement policy.
+
+The simulator runs the same objects the daemon runs: a policy from ``policies.create``, the
+daemon's PageState, a ``policies.base.Context`` per interval, and the daemon's own clipping
+(``Daemon.plan_demotions`` / ``Daemon.plan_promotions`` of daemon/loop.py, called on a small
+stand-in that has the two attributes they read, ``state`` and ``cfg``). Instead of
+``move_pages`` it keeps the placement in the PageState and charges a cost model.
+
+One interval, as in ``Daemon.step``:
+
+1. the frame's samples are merged into the PageState, each unit reported on the node where the
+   simulator has it; a unit seen for the first time is placed by ``placement``: ``slow`` (first
+   touch on the slow node, like a program started outside pagetier's budget) or
+   ``fast-first`` (on the fast node while the capacity lasts, then on the slow node);
+2. the interval's accesses are charged where their pages were at the start of the interval:
+   moves decided at the end of interval i take effect for interval i+1;
+3. the policy decides, with ``fast_budget`` = the capacity and ``max_moves`` = the rate limit;
+   the daemon's clipping keeps the moves within both; the moves are recorded (PageState
+   ``record_moves``) and charged as migration time; a unit moved again within
+   ``ping_pong_window`` intervals of its last move counts as a ping-pong, as in the daemon.
+
+Estimated time = access time + migration time (migrations are charged as if they stalled the
+program: a pessimistic but common choice, as in AutoTM's objective).
+
+Cost-model presets (``PRESETS``). The numbers are rounded idle latencies from the cited
+measurements, meant as sensible defaults: every one can be overridden. Migration cost is a
+fixed per-page part (unmap, TLB shootdown, remap: Linux migrates 4 KiB pages at well under
+1 GB/s per thread, see Yan et al., "Nimble Page Management for Tiered Memory Systems",
+ASPLOS'19) plus the copy at ``migrate_mb_s``.
+
+- ``dram-cxl``: local DDR5 ~100 ns, CXL-attached DRAM ~250 ns. Sun et al., "Demystifying CXL
+  Memory with Genuine CXL-Ready Systems and Devices" (MICRO'23) measure CXL memory at roughly
+  2-3x local DRAM latency; Li et al., "Pond" (ASPLOS'23) put directly attached CXL at about
+  +70-90 ns over local DRAM and more behind a switch.
+- ``dram-pmem``: DRAM ~81 ns, Optane DC PMem ~305 ns (random-read idle latency), PMem write
+  bandwidth ~2 GB/s per DIMM. Izraelevitz et al., "Basic Performance Measurements of the Intel
+  Optane DC Persistent Memory Module" (arXiv:1903.05714, 2019); Yang et al., "An Empirical Guide
+  to the Behavior and Use of Scalable Persistent Memory" (FAST'20).
+- ``hbm-ddr``: bandwidth-bound, so the per-access time is a 64-byte line at the tier's
+  bandwidth: MCDRAM ~450 GB/s -> 0.14 ns, DDR4 ~90 GB/s -> 0.71 ns (Xeon Phi KNL STREAM figures;
+  Ramos and Hoefler, "Capability Models for Manycore Memory Systems: A Case-Study with Xeon Phi
+  KNL", IPDPS'17). HBM's latency is not lower than DDR's: this preset models throughput.
+- ``local-remote``: two-socket Xeon, local ~90 ns, remote socket ~140 ns (Intel Memory Latency
+  Checker idle latencies as commonly published for Xeon Scalable; Maruf et al., "TPP"
+  (ASPLOS'23) describe CXL memory as behaving like such a CPU-less remote node).
+
+``accesses_per_count`` says how many real accesses one recorded count stands for (the kmod
+profiler samples; synthetic traces count every access): raise it to weigh accesses against
+migrations for sampled traces.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from pagetier.daemon.loop import Daemon, _unique_in_order, update_state
+from pagetier.daemon.mover import rate_pages
+from pagetier.daemon.state import NEVER, PageState, _keys
+from pagetier.errors import ConfigError
+from pagetier.policies.base import Context, Policy, create
+from pagetier.profiler.base import PAGE_SIZE, Sample
+
+MB = 1 << 20
+FAST, SLOW = 0, 1
+PLACEMENTS = ("slow", "fast-first")
+
+
+@dataclass
+class CostModel:
+    """Per-access time on each node and the cost of migrating one 4 KiB page."""
+
+    fast_ns: float = 100.0  # one access served by the fast node
+    slow_ns: float = 250.0  # one access served by the slow node
+    migrate_us: float = 3.0  # fixed kernel cost per page migrated
+    migrate_mb_s: float = 4000.0  # copy bandwidth of a migration (MB = 2**20 bytes)
+    accesses_per_count: float = 1.0  # real accesses per recorded count
+    name: str = "custom"
+
+    def check(self) -> "CostModel":
+        for key in ("fast_ns", "slow_ns", "migrate_mb_s", "accesses_per_count"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"cost model: {key} must be > 0, got {getattr(self, key)!r}")
+        if not self.migrate_us >= 0:
+            raise ConfigError(f"cost model: migrate_us must be >= 0, got {self.migrate_us!r}")
+        return self
+
+    @property
+    def fast_s(self) -> float:
+        """Seconds per recorded count served by the fast node."""
+        return self.fast_ns * 1e-9 * self.accesses_per_count
+
+    @property
+    def slow_s(self) -> float:
+        return self.slow_ns * 1e-9 * self.accesses_per_count
+
+    @property
+    def page_move_s(self) -> float:
+        """Seconds to migrate one 4 KiB page."""
+        return self.migrate_us * 1e-6 + PAGE_SIZE / (self.migrate_mb_s * MB)
+
+
+PRESETS = {
+    "dram-cxl": CostModel(100.0, 250.0, 3.0, 4000.0, name="dram-cxl"),
+    "dram-pmem": CostModel(81.0, 305.0, 3.0, 2000.0, name="dram-pmem"),
+    "hbm-ddr": CostModel(0.14, 0.71, 3.0, 8000.0, name="hbm-ddr"),
+    "local-remote": CostModel(90.0, 140.0, 3.0, 4000.0, name="local-remote"),
+}
+
+
+def cost_model(preset: str = "dram-cxl", **overrides) -> CostModel:
+    """A preset with some numbers overridden (None values are ignored)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown cost preset {preset!r} (known: {', '.join(PRESETS)})")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    fields = {f.name for f in dataclasses.fields(CostModel)}
+    bad = set(overrides) - fields
+    if bad:
+        raise ConfigError(f"cost model: unknown field(s) {', '.join(sorted(bad))}")
+    return dataclasses.replace(PRESETS[preset], **overrides).check()
+
+
+@dataclass
+class SimConfig:
+    capacity: int  # fast-tier pages the targets may use (the daemon's fast budget)
+    cost: CostModel = field(default_factory=CostModel)
+    rate_mb_s: float = 512.0  # migration rate limit, as the daemon's --rate (0: no limit)
+    interval_s: float | None = None  # None: from the frames' timestamps (1 s if unknown)
+    placement: str = "slow"  # first touch: "slow" or "fast-first"
+    ping_pong_window: int = 4  # as the daemon's ping_pong_window
+    decay: float = 0.5  # PageState heat decay, as the daemon's
+
+    def check(self) -> "SimConfig":
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"placement must be one of {', '.join(PLACEMENTS)}, "
+                              f"got {self.placement!r}")
+        if self.capacity < 0:
+            raise ConfigError(f"capacity must be >= 0 pages, got {self.capacity}")
+        if self.rate_mb_s < 0:
+            raise ConfigError(f"rate must be >= 0 MB/s (0: no limit), got {self.rate_mb_s}")
+        self.cost.check()
+        return self
+
+
+@dataclass
+class SimResult:
+    policy: str
+    capacity: int  # pages
+    intervals: int = 0
+    accesses: int = 0  # recorded counts
+    fast_accesses: int = 0
+    access_s: float = 0.0
+    migrate_s: float = 0.0
+    all_fast_s: float = 0.0  # every access on the fast node, no migration
+    all_slow_s: float = 0.0
+    promoted_pages: int = 0
+    demoted_pages: int = 0
+    ping_pongs: int = 0
+    clipped: int = 0  # units the policy asked to move that budget or rate kept in place
+    footprint_pages: int = 0  # pages tracked at the end
+    max_fast_pages: int = 0  # most pages on the fast node at any interval start
+    timeline: list = field(default_factory=list)  # per interval: (hit ratio, est. seconds)
+    policy_stats: dict = field(default_factory=dict)  # the last Decision's stats
+
+    @property
+    def est_time_s(self) -> float:
+        return self.access_s + self.migrate_s
+
+    @property
+    def slowdown(self) -> float:
+        """Estimated time over the all-fast time (1.0: as fast as all-fast)."""
+        return self.est_time_s / self.all_fast_s if self.all_fast_s else 1.0
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.fast_accesses / self.accesses if self.accesses else 1.0
+
+    @property
+    def migrated_pages(self) -> int:
+        return self.promoted_pages + self.demoted_pages
+
+    @property
+    def migrated_bytes(self) -> int:
+        return self.migrated_pages * PAGE_SIZE
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("timeline",)}
+        d.update(est_time_s=self.est_time_s, slowdown=self.slowdown, hit_ratio=self.hit_ratio,
+                 migrated_pages=self.migrated_pages, migrated_bytes=self.migrated_bytes)
+        return d
+
+
+def frame_interval_s(frames) -> float:
+    """The median spacing of the frames' timestamps, 1.0 when there are fewer than two."""
+    ts = [float(f[1]) for f in frames]
+    if len(ts) < 2:
+        return 1.0
+    d = np.diff(np.asarray(ts))
+    d = d[d > 0]
+    return float(np.median(d)) if len(d) else 1.0
+
+
+def footprint(frames) -> int:
+    """4 KiB pages touched over the whole trace (distinct units of every target)."""
+    seen: dict[int, dict[int, int]] = {}
+    for _, _, samples in frames:
+        for pid, s in samples.items():
+            d = seen.setdefault(int(pid), {})
+            for a, n in zip(s.addr.tolist(), s.npages.tolist()):
+                d[a] = n
+    return int(sum(sum(d.values()) for d in seen.values()))
+
+
+def capacity_pages(spec, frames_or_footprint) -> int:
+    """``"25%"`` of the footprint, or a size (``"64M"``, ``"1G"``), or pages (an int)."""
+    if isinstance(spec, (int, np.integer)):
+        return int(spec)
+    text = str(spec).strip()
+    if text.endswith("%"):
+        fp = frames_or_footprint if isinstance(frames_or_footprint, int) else footprint(frames_or_footprint)
+        return int(fp * float(text[:-1]) / 100.0)
+    from pagetier.daemon.config import parse_size
+
+    return parse_size(text, "capacity") // PAGE_SIZE
+
+
+class _DaemonShim(SimpleNamespace):
+    """What Daemon.plan_demotions / plan_promotions read: ``state`` and ``cfg`` (the nodes)."""
+
+
+def clip(state: PageState, decision, budget: int, limit: int, fast: int = FAST, slow: int = SLOW):
+    """The daemon's clipping: (demote, forced, promote) unit indices within budget and rate."""
+    shim = _DaemonShim(state=state, cfg=SimpleNamespace(fast_node=fast, slow_node=slow))
+    demote, forced = Daemon.plan_demotions(shim, decision.demote, decision.promote, budget, limit)
+    all_demote = np.concatenate([demote, forced]).astype(np.int64)
+    demoted = int(state.npages[all_demote].sum(dtype=np.int64))
+    # as in Daemon.step: fast use after the demotions, then the promotions that fit
+    fast_used = state.pages_on(fast) - demoted
+    promote = Daemon.plan_promotions(shim, decision.promote, budget, limit - demoted, fast_used)
+    return demote, forced, np.asarray(promote, np.int64)
+
+
+def _placed(st: PageState, sample: Sample, placement: str, capacity: int) -> Sample:
+    """``sample`` with each unit's node set to where the simulator has it."""
+    t = st.target_index(int(sample.pid))
+    addr = np.asarray(sample.addr, np.uint64)
+    keys = _keys(t, addr)
+    node = np.full(len(addr), SLOW, np.int16)
+    found = np.zeros(len(addr), bool)
+    if len(st):
+        all_keys = _keys(st.target, st.addr)
+        pos = np.minimum(np.searchsorted(all_keys, keys), len(all_keys) - 1)
+        found = all_keys[pos] == keys
+        node[found] = st.node[pos[found]]
+    new = np.flatnonzero(~found)
+    if placement == "fast-first" and len(new):
+        new = new[np.argsort(addr[new], kind="stable")]
+        room = capacity - st.pages_on(FAST)
+        cum = np.cumsum(np.asarray(sample.npages, np.int64)[new])
+        node[new[cum <= room]] = FAST
+    return Sample(pid=sample.pid, addr=addr, count=np.asarray(sample.count, np.uint32), node=node,
+                  npages=np.asarray(sample.npages, np.uint16), complete=sample.complete)
+
+
+def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
+             name: str | None = None) -> SimResult:
+    """Replay ``frames`` through ``policy`` (a Policy, or a name for ``policies.create``)."""
+    cfg.check()
+    if not isinstance(policy, Policy):
+        name = name or str(policy)
+        policy = create(str(policy), options)
+    if hasattr(frames, "intervals"):  # a profiler.trace.Trace
+        frames = frames.intervals()
+    frames = list(frames)
+    interval_s = cfg.interval_s or frame_interval_s(frames)
+    limit = rate_pages(cfg.rate_mb_s, interval_s)
+    cost = cfg.cost
+    res = SimResult(policy=name or getattr(policy, "name", "?"), capacity=int(cfg.capacity))
+    st = PageState(decay=cfg.decay)
+    t0 = float(frames[0][1]) if frames else 0.0
+    for _, t, samples in frames:
+        st.begin_interval()
+        fast_acc = slow_acc = 0
+        for pid in sorted(samples):
+            s = _placed(st, samples[pid], cfg.placement, cfg.capacity)
+            update_state(st, s)
+            c = s.count.astype(np.int64)
+            on_fast = s.node == FAST
+            fast_acc += int(c[on_fast].sum())
+            slow_acc += int(c[~on_fast].sum())
+        res.max_fast_pages = max(res.max_fast_pages, st.pages_on(FAST))
+        acc_s = fast_acc * cost.fast_s + slow_acc * cost.slow_s
+        res.accesses += fast_acc + slow_acc
+        res.fast_accesses += fast_acc
+        res.access_s += acc_s
+        res.all_fast_s += (fast_acc + slow_acc) * cost.fast_s
+        res.all_slow_s += (fast_acc + slow_acc) * cost.slow_s
+
+        ctx = Context(fast_node=FAST, slow_node=SLOW, fast_budget=int(cfg.capacity),
+                      max_moves=limit, interval=st.interval, now=float(t) - t0,
+                      interval_s=interval_s)
+        dec = policy.decide(st, ctx)
+        demote, forced, promote = clip(st, dec, int(cfg.capacity), limit)
+        all_demote = np.concatenate([demote, forced])
+        asked = (len(_unique_in_order(dec.promote, len(st)))
+                 + len(_unique_in_order(dec.demote, len(st))))
+        res.clipped += max(0, asked - len(demote) - len(promote))
+        moved_pages = 0
+        for idx, node in ((all_demote, SLOW), (promote, FAST)):
+            if not len(idx):
+                continue
+            last = st.last_move[idx]
+            res.ping_pongs += int(((last != NEVER) & (st.interval - last <= cfg.ping_pong_window)).sum())
+            pages = int(st.npages[idx].sum(dtype=np.int64))
+            moved_pages += pages
+            if node == FAST:
+                res.promoted_pages += pages
+            else:
+                res.demoted_pages += pages
+            st.record_moves(idx, node)
+        mig_s = moved_pages * cost.page_move_s
+        res.migrate_s += mig_s
+        res.intervals += 1
+        tot = fast_acc + slow_acc
+        res.timeline.append((fast_acc / tot if tot else 1.0, acc_s + mig_s))
+        res.policy_stats = dict(dec.stats)
+    res.footprint_pages = int(st.npages.sum(dtype=np.int64)) if len(st) else 0
+    return res
