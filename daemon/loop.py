@@ -86,28 +86,6 @@ def _fit(idx: np.ndarray, npages: np.ndarray, limit: int) -> np.ndarray:
     return idx[: int(np.searchsorted(c, limit, side="right"))]
 
 
-def update_state(st: PageState, sample) -> None:
-    """``st.update(sample)``; works around PageState.update indexing an empty key array when
-    the state holds no unit yet (the first sample): the first units are seeded here."""
-    if len(st) or not len(sample):
-        st.update(sample)
-        return
-    from pagetier.daemon.state import DTYPE, F_PRESENT, _keys
-
-    t = st.target_index(sample.pid)
-    n = np.zeros(len(sample), DTYPE)
-    n["addr"] = sample.addr
-    n["count"] = sample.count
-    n["heat"] = sample.count
-    n["last_access"] = np.where(sample.count > 0, st.interval, NEVER)
-    n["last_move"] = NEVER
-    n["target"] = t
-    n["npages"] = sample.npages
-    n["node"] = sample.node
-    n["flags"] = F_PRESENT
-    st.a = n[np.argsort(_keys(n["target"], n["addr"]), kind="stable")]
-
-
 class Daemon:
     """Manages the placement of the pages of ``pids`` (and of ``cgroup``'s processes, and of
     ``child``, a started command) until they all exit, ``duration`` passes, or it is stopped."""
@@ -359,7 +337,7 @@ class Daemon:
                     continue
                 raise
             t_merge = time.process_time()
-            update_state(st, sample)
+            st.update(sample)
             merge_s += time.process_time() - t_merge
         self._fill_nodes()
 

@@ -86,7 +86,10 @@ class PageState:
             self.a["flags"][mine] &= ~np.uint8(F_PRESENT)
         all_keys = _keys(self.a["target"], self.a["addr"])
         pos = np.searchsorted(all_keys, keys)
-        found = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == keys)
+        if len(all_keys):
+            found = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == keys)
+        else:
+            found = np.zeros(len(keys), bool)
         # existing units
         idx = pos[found]
         self.a["count"][idx] = count[found]
