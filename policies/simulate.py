@@ -56,7 +56,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from pagetier.daemon.loop import Daemon, _unique_in_order, update_state
+from pagetier.daemon.loop import Daemon, _unique_in_order
 from pagetier.daemon.mover import rate_pages
 from pagetier.daemon.state import NEVER, PageState, _keys
 from pagetier.errors import ConfigError
@@ -285,7 +285,7 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
         fast_acc = slow_acc = 0
         for pid in sorted(samples):
             s = _placed(st, samples[pid], cfg.placement, cfg.capacity)
-            update_state(st, s)
+            st.update(s)
             c = s.count.astype(np.int64)
             on_fast = s.node == FAST
             fast_acc += int(c[on_fast].sum())
