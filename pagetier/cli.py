@@ -18,6 +18,9 @@ COMMANDS = {
     "attach": "pagetier.daemon.cli",
     "status": "pagetier.daemon.cli",
     "workload": "pagetier.workload",
+    "record": "pagetier.profiler.record",
+    "heatmap": "pagetier.profiler.heatmap",
+    "report": "pagetier.profiler.report",
 }
 
 

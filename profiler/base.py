@@ -19,7 +19,9 @@ HUGE_PAGES = 512  # 4 KiB pages in a 2 MiB mapping
 
 PROFILERS: dict[str, type["Profiler"]] = {}
 # Backends live in modules named after them; importing one registers it.
-_BACKEND_MODULES = {"kmod": "pagetier.profiler.kmod", "stub": "pagetier.profiler.stub"}
+_BACKEND_MODULES = {"kmod": "pagetier.profiler.kmod", "stub": "pagetier.profiler.stub",
+                    "damon": "pagetier.profiler.damon", "bpf": "pagetier.profiler.bpf",
+                    "replay": "pagetier.profiler.replay"}
 
 
 def register(name: str):

@@ -1,0 +1,257 @@
+"""pagetier heatmap: a trace's accesses over time (x) and address (y), as a PNG or in the terminal.
+
+The address axis keeps only the address ranges that were accessed: runs of accessed pages closer
+than ``gap`` bytes form one segment, and the unused space between segments is left out (segment
+boundaries are marked). Each cell is the mean count per 4 KiB page of its address rows in its time
+columns, on a log colour scale; cells nobody accessed stay blank.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import click
+import numpy as np
+
+from pagetier.errors import ConfigError
+from pagetier.profiler.base import PAGE_SIZE
+
+ASCII_RAMP = " .:-=+*#%@"  # blank = 0, then 9 levels of log(count)
+ASCII_WIDTH = 80
+DEFAULT_GAP = 1 << 20
+
+
+@dataclass
+class Heat:
+    matrix: np.ndarray  # (rows, cols) float64: mean count per page, row 0 = lowest address
+    t_edges: np.ndarray  # (cols + 1,) seconds
+    row_addr: np.ndarray  # (rows,) uint64: address at the start of each row
+    segments: list[tuple[int, int]] = field(default_factory=list)  # (lo, hi) address ranges
+    seg_rows: list[int] = field(default_factory=list)  # first row of each segment
+    pid: int = 0
+    pages: int = 0  # pages on the collapsed axis
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "pages": self.pages,
+                "t_edges": [round(float(x), 6) for x in self.t_edges],
+                "row_addr": [hex(int(a)) for a in self.row_addr],
+                "segments": [[hex(lo), hex(hi)] for lo, hi in self.segments],
+                "seg_rows": list(map(int, self.seg_rows)),
+                "matrix": [[round(float(v), 4) for v in row] for row in self.matrix]}
+
+
+def _pages_of(addr: np.ndarray, npages: np.ndarray, count: np.ndarray):
+    """Expand units to 4 KiB pages: (page addresses, count per page, unit index)."""
+    npages = npages.astype(np.int64)
+    if len(npages) == 0 or npages.max(initial=1) <= 1:
+        return addr.astype(np.uint64), count, np.arange(len(addr))
+    idx = np.repeat(np.arange(len(addr)), npages)
+    first = np.repeat(np.cumsum(npages) - npages, npages)
+    k = np.arange(len(idx)) - first
+    return addr[idx] + (k * PAGE_SIZE).astype(np.uint64), count[idx], idx
+
+
+def heat(trace, pid: int | None = None, rows: int = 256, cols: int | None = None,
+         gap: int = DEFAULT_GAP) -> Heat:
+    """The heat matrix of one pid's rows of ``trace`` (default: its first pid)."""
+    pids = np.unique(trace.column("pid"))
+    if len(pids) == 0:
+        raise ConfigError(f"{trace.path}: the trace has no samples to draw")
+    if pid is None:
+        pid = int(trace.meta.get("pids", [pids[0]])[0]) if trace.meta.get("pids") else int(pids[0])
+        if pid not in pids:
+            pid = int(pids[0])
+    elif pid not in pids:
+        raise ConfigError(f"{trace.path}: no samples of pid {pid} (pids: "
+                          f"{', '.join(map(str, pids))})")
+    sel = (trace.column("pid") == pid) & (trace.column("count") > 0)
+    iv = trace.column("interval")[sel]
+    t = trace.column("t")[sel]
+    page, cnt, unit = _pages_of(trace.column("addr")[sel], trace.column("npages")[sel],
+                                trace.column("count")[sel].astype(np.float64))
+    iv, t = iv[unit], t[unit]
+    all_iv = trace.column("interval")[trace.column("pid") == pid]
+    all_t = trace.column("t")[trace.column("pid") == pid]
+    n_iv = int(all_iv.max()) + 1 if len(all_iv) else 1
+    # time edges per interval: end times as recorded, starts one interval earlier
+    step = trace.interval_s or (float(all_t.max()) / n_iv if len(all_t) else 1.0) or 1.0
+    t_end = np.arange(1, n_iv + 1) * step
+    for i, tt in zip(all_iv, all_t):
+        t_end[i] = tt
+    cols = min(cols or n_iv, n_iv)
+    col_of_iv = (np.arange(n_iv) * cols) // n_iv
+    t_edges = np.concatenate([[0.0], [t_end[col_of_iv == c].max() for c in range(cols)]])
+    if len(page) == 0:
+        return Heat(np.zeros((1, cols)), t_edges, np.zeros(1, np.uint64), [], [0], pid, 0)
+    # collapse unused address gaps
+    used = np.unique(page)
+    breaks = np.flatnonzero(np.diff(used) > np.uint64(max(gap, PAGE_SIZE))) + 1
+    seg_lo = used[np.concatenate([[0], breaks])]
+    seg_hi = used[np.concatenate([breaks - 1, [len(used) - 1]])] + np.uint64(PAGE_SIZE)
+    seg_pages = ((seg_hi - seg_lo) // np.uint64(PAGE_SIZE)).astype(np.int64)
+    seg_off = np.concatenate([[0], np.cumsum(seg_pages)[:-1]])
+    total = int(seg_pages.sum())
+    seg_nrows = _split_rows(seg_pages, max(rows, len(seg_pages)))
+    seg_row0 = np.concatenate([[0], np.cumsum(seg_nrows)[:-1]])
+    rows = int(seg_nrows.sum())
+    s = np.searchsorted(seg_lo, page, side="right") - 1
+    in_seg = ((page - seg_lo[s]) // np.uint64(PAGE_SIZE)).astype(np.int64)
+    row = seg_row0[s] + (in_seg * seg_nrows[s]) // seg_pages[s]
+    m = np.zeros((rows, cols))
+    np.add.at(m, (row, col_of_iv[iv]), cnt)
+    # mean per page: pages per row times intervals per column; and each row's first address
+    row_pages = np.zeros(rows, np.int64)
+    row_addr = np.zeros(rows, np.uint64)
+    for i in range(len(seg_pages)):
+        k = np.arange(seg_nrows[i])
+        first = (k * seg_pages[i] + seg_nrows[i] - 1) // seg_nrows[i]
+        nxt = np.append(first[1:], seg_pages[i])
+        row_pages[seg_row0[i]:seg_row0[i] + seg_nrows[i]] = nxt - first
+        row_addr[seg_row0[i]:seg_row0[i] + seg_nrows[i]] = (
+            seg_lo[i] + (first * PAGE_SIZE).astype(np.uint64))
+    col_ivs = np.bincount(col_of_iv, minlength=cols)
+    m /= np.maximum(row_pages, 1)[:, None] * col_ivs[None, :]
+    seg_rows = [int(r) for r in seg_row0]
+    return Heat(m, t_edges, row_addr, [(int(a), int(b)) for a, b in zip(seg_lo, seg_hi)],
+                seg_rows, pid, total)
+
+
+def _split_rows(pages: np.ndarray, rows: int) -> np.ndarray:
+    """Rows per segment, proportional to its pages, at least one each, at most its pages."""
+    total = int(pages.sum())
+    want = np.maximum(1, np.minimum(pages, np.floor(pages * rows / total))).astype(np.int64)
+    # hand out what rounding left, to the segments with the most pages per row
+    while want.sum() < min(rows, total):
+        room = want < pages
+        if not room.any():
+            break
+        i = int(np.argmax(np.where(room, pages / want, -1)))
+        want[i] += 1
+    return want
+
+
+def ascii_heatmap(h: Heat, title: str = "", width: int = ASCII_WIDTH) -> str:
+    """Rows: address, high addresses on top; columns: time. Fits ``width`` columns."""
+    label_w = 14
+    lines = []
+    if title:
+        lines.append(title[:width])
+    m = h.matrix
+    pos = m[m > 0]
+    lo, hi = (float(pos.min()), float(pos.max())) if pos.size else (1.0, 1.0)
+    span = math.log(hi) - math.log(lo)
+
+    def ch(v: float) -> str:
+        if v <= 0:
+            return ASCII_RAMP[0]
+        f = (math.log(v) - math.log(lo)) / span if span > 0 else 1.0
+        return ASCII_RAMP[1 + min(8, int(f * 8.999))]
+
+    seg_starts = set(h.seg_rows)
+    for r in range(m.shape[0] - 1, -1, -1):
+        sep = "~" if (r in seg_starts and r != 0) else "|"
+        lines.append(f"{hex(int(h.row_addr[r])):>{label_w}} {sep}" + "".join(ch(v) for v in m[r]))
+    ncols = m.shape[1]
+    lines.append(" " * label_w + " +" + "-" * ncols)
+    t0, t1 = f"{h.t_edges[0]:.0f}", f"{h.t_edges[-1]:.1f} s"
+    lines.append(" " * (label_w + 2) + t0 + " " * max(1, ncols - len(t0) - len(t1)) + t1)
+    lines.append(f"rows: address, {len(h.segments)} segment(s), '~' = collapsed gap; "
+                 "cols: time")
+    legend = f"log scale: '{ASCII_RAMP[1]}' {lo:.3g} .. '{ASCII_RAMP[-1]}' {hi:.3g} count/page"
+    lines.append(legend)
+    return "\n".join(line[:width] for line in lines)
+
+
+def png_heatmap(h: Heat, out: str, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    m = np.ma.masked_less_equal(h.matrix, 0)
+    fig, ax = plt.subplots(figsize=(10, 6), dpi=100)
+    cmap = matplotlib.colormaps["inferno"].copy()
+    cmap.set_bad("#f4f4f4")
+    vmin = float(m.min()) if m.count() else 1e-3
+    vmax = float(m.max()) if m.count() else 1.0
+    im = ax.imshow(m, aspect="auto", origin="lower", interpolation="nearest", cmap=cmap,
+                   norm=LogNorm(vmin=vmin, vmax=max(vmax, vmin * 1.0001)),
+                   extent=[float(h.t_edges[0]), float(h.t_edges[-1]), 0, m.shape[0]])
+    ticks = list(h.seg_rows)
+    labels = [hex(lo) for lo, _ in h.segments]
+    for r in h.seg_rows[1:]:
+        ax.axhline(r, color="#3aa0ff", lw=0.8, ls="--")
+    # a few ticks inside big segments too
+    step = max(1, m.shape[0] // 8)
+    for r in range(0, m.shape[0], step):
+        if all(abs(r - t) >= step // 2 for t in ticks):
+            ticks.append(r)
+            labels.append(hex(int(h.row_addr[r])))
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=7, family="monospace")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("virtual address (unused gaps collapsed, dashed lines)")
+    ax.set_title(title or f"pid {h.pid}", fontsize=10)
+    cb = fig.colorbar(im, ax=ax)
+    cb.set_label("accesses per 4 KiB page per interval (log scale)")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def title_of(trace, pid: int) -> str:
+    m = trace.meta
+    mode = f" ({m['mode']})" if m.get("mode") else ""
+    cmd = m.get("command") or ""
+    return f"{m.get('backend')}{mode} pid {pid}: {cmd}"[:78]
+
+
+@click.command("heatmap")
+@click.argument("trace_file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="PNG file to write")
+@click.option("--ascii", "as_ascii", is_flag=True, help="print the heatmap in the terminal")
+@click.option("--pid", type=int, help="which process of the trace (default: the first)")
+@click.option("--rows", type=click.IntRange(2, 4096), help="address rows (PNG 256, ASCII 20)")
+@click.option("--cols", type=click.IntRange(1, 4096), help="time columns (ASCII at most 64)")
+@click.option("--gap", default="1M", show_default=True,
+              help="collapse unused address ranges larger than this (K, M, G suffixes)")
+@click.option("--json", "as_json", is_flag=True, help="print the heat matrix as JSON")
+def command(trace_file, output, as_ascii, pid, rows, cols, gap, as_json):
+    """Draw a trace as time x address, with unused address gaps collapsed.
+
+    \b
+    Examples:
+      pagetier heatmap run.parquet -o heat.png
+      pagetier heatmap run.parquet --ascii
+      pagetier heatmap run.parquet --json --rows 32 > heat.json
+    """
+    from pagetier.profiler.trace import read_trace
+
+    if not (output or as_ascii or as_json):
+        raise ConfigError("heatmap: give -o FILE.png, --ascii or --json")
+    gap_b = _size(gap)
+    trace = read_trace(trace_file)
+    if as_ascii or as_json:
+        width_cols = ASCII_WIDTH - 16
+        h = heat(trace, pid, rows=rows or 20, cols=min(cols or width_cols, width_cols), gap=gap_b)
+        if as_json:
+            click.echo(json.dumps(h.to_json()))
+        else:
+            click.echo(ascii_heatmap(h, title_of(trace, h.pid)))
+    if output:
+        h = heat(trace, pid, rows=rows or 256, cols=cols, gap=gap_b)
+        png_heatmap(h, output, title_of(trace, h.pid))
+        if not as_json:
+            click.echo(f"wrote {output}: {h.matrix.shape[1]} time columns x "
+                       f"{h.matrix.shape[0]} address rows, {len(h.segments)} segment(s)")
+
+
+def _size(text: str) -> int:
+    t = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        return int(float(t.rstrip("KMG")) * mult)
+    except ValueError:
+        raise ConfigError(f"bad size {text!r}: use e.g. 512K, 1M or 1G") from None

@@ -1,0 +1,364 @@
+"""pagetier record: read a profiler backend every interval and write the counts to a trace.
+
+``record_trace()`` does the work (tests and benchmarks call it); ``command`` is the CLI. The
+trace's metadata keeps, per pid, the /proc/PID/maps lines and the data/bss objects of the
+program's ELF file, so that ``pagetier report`` can name what is hot on another machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import click
+import numpy as np
+
+from pagetier.errors import ConfigError, PagetierError
+from pagetier.profiler.base import Profiler, create
+
+MAX_SYMBOLS = 20000
+
+
+def read_maps(pid: int) -> list[list]:
+    """[[start, end, perms, name], ...] of /proc/PID/maps ([] when unreadable)."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) < 5:
+                    continue
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                out.append([lo, hi, parts[1], parts[5].strip() if len(parts) > 5 else ""])
+    except OSError:
+        pass
+    return out
+
+
+def elf_objects(path: str, maps: list[list]) -> list[list]:
+    """[[start, size, name, section], ...]: data and bss objects of the ELF file at ``path``, at
+    their run-time addresses (the load bias found from ``maps``)."""
+    try:
+        from elftools.elf.elffile import ELFFile
+        from elftools.common.exceptions import ELFError
+    except ImportError:
+        return []
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+            bias = 0
+            if elf["e_type"] == "ET_DYN":
+                starts = [m[0] for m in maps if m[3] == path]
+                if not starts or not loads:
+                    return []
+                first = min(loads, key=lambda s: s["p_vaddr"])
+                bias = min(starts) - (first["p_vaddr"] & ~0xFFF)
+            secs = {i: s.name for i, s in enumerate(elf.iter_sections())}
+            wanted = {i for i, n in secs.items() if n.startswith((".data", ".bss", ".rodata", ".tbss"))
+                      and not n.startswith(".tbss")}
+            out = []
+            for symtab in (elf.get_section_by_name(".symtab"), elf.get_section_by_name(".dynsym")):
+                if symtab is None:
+                    continue
+                for sym in symtab.iter_symbols():
+                    shndx = sym["st_shndx"]
+                    if (sym["st_info"]["type"] != "STT_OBJECT" or not isinstance(shndx, int)
+                            or shndx not in wanted or sym["st_size"] == 0 or not sym.name):
+                        continue
+                    out.append([int(sym["st_value"]) + bias, int(sym["st_size"]), sym.name,
+                                secs[shndx]])
+                if out:
+                    break  # .symtab has everything .dynsym has
+    except (OSError, ELFError, ValueError, KeyError):
+        return []
+    out.sort(key=lambda r: -r[1])
+    return sorted(out[:MAX_SYMBOLS])
+
+
+def describe_process(pid: int) -> dict:
+    """What the trace keeps about ``pid``: command line, maps, ELF objects of its executable."""
+    info: dict = {"maps": read_maps(pid), "symbols": [], "exe": ""}
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            info["cmdline"] = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        info["cmdline"] = []
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        info["exe"] = exe
+        info["symbols"] = elf_objects(exe, info["maps"])
+    except OSError:
+        pass
+    return info
+
+
+def fill_nodes(sample) -> None:
+    """Ask the kernel (move_pages) for the node of units the backend left at -1."""
+    unknown = sample.node < 0
+    if not unknown.any():
+        return
+    try:
+        from pagetier.daemon import mover
+
+        nodes = mover.query_nodes(sample.pid, sample.addr[unknown])
+    except Exception:  # no libnuma, no permission, process gone: nodes stay unknown
+        return
+    sample.node[unknown] = np.where(nodes >= 0, nodes, -1).astype(np.int16)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Progress:
+    def __init__(self, enabled: bool, stream=sys.stderr):
+        self.enabled, self.stream = enabled, stream
+        self.tty = enabled and stream.isatty()
+        self.last = 0.0
+
+    def show(self, t: float, interval: int, pages: int, rows: int, path: str) -> None:
+        if not self.enabled:
+            return
+        try:
+            size = os.path.getsize(path) / 1e6
+        except OSError:
+            size = 0.0
+        line = (f"recording {t:7.1f} s  interval {interval:5d}  {pages:8d} pages accessed  "
+                f"{rows:9d} rows  {size:7.1f} MB")
+        if self.tty:
+            self.stream.write("\r" + line[:79])
+            self.stream.flush()
+        elif t - self.last >= 5 or interval == 0:
+            self.stream.write(line + "\n")
+            self.last = t
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: float = 1.0,
+                 duration: float | None = None, all_pages: bool = False, nodes: bool = True,
+                 meta: dict | None = None, child: subprocess.Popen | None = None,
+                 progress: Progress | None = None, stop=None) -> dict:
+    """Attach ``profiler`` to ``pids``, read every ``interval_s`` into a trace at ``out``.
+
+    Stops after ``duration`` seconds, when every pid has exited, or when ``stop()`` returns
+    True. Returns a summary dict.
+    """
+    from pagetier.profiler.trace import TraceWriter
+
+    if interval_s <= 0:
+        raise ConfigError("record: the interval must be positive")
+    progress = progress or Progress(False)
+    procs = {}
+    for pid in pids:
+        if not _alive(pid):
+            raise PagetierError(f"record: no such process {pid}")
+    for pid in pids:
+        try:
+            profiler.attach(pid)
+        except ProcessLookupError as e:
+            raise PagetierError(f"record: {e}") from None
+        procs[pid] = describe_process(pid)
+    m = {"backend": profiler.name, "interval_s": float(interval_s), "pids": list(pids),
+         "kernel": platform.release(), "complete": bool(all_pages)}
+    m.update(meta or {})
+    m.setdefault("mode", getattr(profiler, "mode", ""))
+    m.setdefault("command", " ".join(shlex.quote(a) for a in procs[pids[0]]["cmdline"]))
+    # A program maps more as it runs: maps are read again each interval, and the process
+    # details go into the metadata when the run ends (_finish rewrites the file once).
+    live = list(pids)
+    pages_total, t0 = 0, time.monotonic()
+    tmp = out + ".partial"
+    interval = 0
+    with TraceWriter(tmp, {**m, "processes": {}}) as w:
+        next_t = t0 + interval_s
+        while live:
+            now = time.monotonic()
+            if stop is not None and stop():
+                break
+            if duration is not None and now - t0 >= duration:
+                break
+            time.sleep(max(0.0, min(next_t, t0 + duration if duration else next_t) - now))
+            t = time.monotonic() - t0
+            next_t += interval_s
+            pages = 0
+            for pid in list(live):
+                if not _alive(pid) or (child is not None and child.pid == pid
+                                       and child.poll() is not None):
+                    live.remove(pid)
+                    continue
+                try:
+                    s = profiler.read(pid, reset=True, accessed_only=not all_pages)
+                except (ProcessLookupError, PagetierError) as e:
+                    if not _alive(pid):
+                        live.remove(pid)
+                        continue
+                    raise PagetierError(f"record: reading pid {pid}: {e}") from None
+                if nodes and len(s):
+                    fill_nodes(s)
+                w.add(interval, t, s)
+                pages += int((s.count > 0).sum())
+                if len(procs[pid]["maps"]) < 400000:
+                    newer = read_maps(pid)
+                    if newer:
+                        procs[pid]["maps"] = newer
+            pages_total += pages
+            progress.show(t, interval, pages, w.rows + w._buffered, tmp)
+            interval += 1
+        rows = w.rows + w._buffered
+    progress.done()
+    for pid in pids:
+        try:
+            profiler.detach(pid)
+        except (PagetierError, ProcessLookupError, OSError):
+            pass
+    # Write the final file with the process details (maps, symbols) in its metadata.
+    _finish(tmp, out, {str(p): v for p, v in procs.items()})
+    return {"output": out, "intervals": interval, "rows": rows, "seconds": time.monotonic() - t0,
+            "backend": profiler.name, "pids": list(pids), "pages_accessed": pages_total}
+
+
+def _finish(tmp: str, out: str, processes: dict) -> None:
+    """Copy ``tmp`` to ``out`` with the process details added to the metadata."""
+    import pyarrow.parquet as pq
+
+    from pagetier.profiler.trace import META_KEY
+
+    pf = pq.ParquetFile(tmp)
+    meta = json.loads(pf.schema_arrow.metadata[META_KEY])
+    meta["processes"] = processes
+    sch = pf.schema_arrow.with_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
+    with pq.ParquetWriter(out, sch, compression="zstd") as w:
+        for i in range(pf.num_row_groups):
+            w.write_table(pf.read_row_group(i).cast(sch))
+    os.unlink(tmp)
+
+
+def _options(pairs) -> dict:
+    out = {}
+    for kv in pairs:
+        if "=" not in kv:
+            raise ConfigError(f"--option {kv!r}: use KEY=VALUE")
+        k, v = kv.split("=", 1)
+        k = k.strip().replace("-", "_")
+        out[k] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+    return out
+
+
+def _pids(text: str) -> list[int]:
+    try:
+        pids = [int(p) for p in text.replace(",", " ").split()]
+    except ValueError:
+        raise ConfigError(f"--pid {text!r}: give process ids, e.g. 1234 or 1234,1240") from None
+    if not pids or any(p <= 0 for p in pids):
+        raise ConfigError(f"--pid {text!r}: give positive process ids")
+    return pids
+
+
+@click.command("record", context_settings={"ignore_unknown_options": False})
+@click.option("--backend", "-b", default="kmod", show_default=True,
+              help="profiler backend: kmod, damon, bpf, replay, stub")
+@click.option("--option", "-O", "options", multiple=True, metavar="KEY=VALUE",
+              help="a backend option (repeatable), e.g. mode=abit for kmod, mark=kmod for bpf")
+@click.option("--pid", "-p", "pid_text", metavar="PID[,PID...]", help="processes to record")
+@click.option("--interval", "interval_ms", type=click.IntRange(1, None), default=1000,
+              show_default=True, help="milliseconds between reads")
+@click.option("--duration", type=click.FloatRange(0, None, min_open=True),
+              help="seconds to record (default: until the processes exit or Ctrl-C)")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="trace file to write (Parquet)")
+@click.option("--all-pages", is_flag=True, help="keep units with zero counts too")
+@click.option("--no-nodes", is_flag=True, help="do not ask the kernel for each page's node")
+@click.option("--import", "import_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="convert sampled addresses (CSV/Feather: timestamp,address[,pid,node]) "
+                   "instead of recording")
+@click.option("--time-unit", default="auto", show_default=True,
+              type=click.Choice(["auto", "s", "ms", "us", "ns"]), help="with --import")
+@click.option("--quiet", "-q", is_flag=True, help="no progress line")
+@click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def command(backend, options, pid_text, interval_ms, duration, output, all_pages, no_nodes,
+            import_path, time_unit, quiet, as_json, cmd):
+    """Record page-access counts of processes into a trace file.
+
+    \b
+    Examples:
+      pagetier record --pid 1234 --duration 30 -o run.parquet
+      pagetier record -b damon -o run.parquet -- ./myjob --its-args
+      pagetier record -b kmod -O mode=abit --interval 500 -p 1234 -o run.parquet
+      pagetier record -b bpf -O mark=kmod -p 1234 --duration 10 -o faults.parquet
+      pagetier record --import perf-mem.csv --interval 100 -o sampled.parquet
+    """
+    if import_path:
+        if pid_text or cmd:
+            raise ConfigError("--import converts a file: give no --pid and no command")
+        from pagetier.profiler.importer import import_samples
+
+        summary = import_samples(import_path, output, interval_s=interval_ms / 1000,
+                                 time_unit=time_unit)
+        _print_summary(summary, as_json)
+        return
+    if bool(pid_text) == bool(cmd):
+        raise ConfigError("record: give either --pid PID or -- CMD ...")
+    profiler = create(backend, **_options(options))
+    child = None
+    stopping = {"flag": False}
+
+    def on_signal(signum, frame):
+        stopping["flag"] = True
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if cmd:
+            try:
+                child = subprocess.Popen(list(cmd))
+            except OSError as e:
+                raise PagetierError(f"record: cannot start {cmd[0]}: {e.strerror}") from None
+            pids = [child.pid]
+        else:
+            pids = _pids(pid_text)
+        summary = record_trace(profiler, pids, output, interval_s=interval_ms / 1000,
+                               duration=duration, all_pages=all_pages, nodes=not no_nodes,
+                               meta={"command": " ".join(cmd)} if cmd else None, child=child,
+                               progress=Progress(not quiet), stop=lambda: stopping["flag"])
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        profiler.close()
+        if child is not None and child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    if child is not None:
+        summary["exit_status"] = child.returncode
+    _print_summary(summary, as_json)
+
+
+def _print_summary(summary: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(summary, sort_keys=True))
+        return
+    parts = [f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+             for k, v in summary.items() if k != "output"]
+    click.echo(f"wrote {summary['output']}: " + ", ".join(parts))
