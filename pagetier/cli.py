@@ -18,6 +18,8 @@ COMMANDS = {
     "attach": "pagetier.daemon.cli",
     "status": "pagetier.daemon.cli",
     "workload": "pagetier.workload",
+    "train-rl": "pagetier.policies.sim_cli",
+    "bench": "pagetier.policies.sim_cli",
     "record": "pagetier.profiler.record",
     "heatmap": "pagetier.profiler.heatmap",
     "report": "pagetier.profiler.report",

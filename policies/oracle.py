@@ -256,16 +256,19 @@ def solve(frames, capacity: int, cost: CostModel, *, rate_mb_s: float = 512.0,
     status = h.modelStatusToString(h.getModelStatus())
     info = h.getInfo()
     sol = np.asarray(h.getSolution().col_value)
-    if len(sol) < nx:
-        raise ConfigError(f"oracle: HiGHS found no plan ({status})")
-    plan = sol[:nx].reshape(G, W) > 0.5
+    found = len(sol) >= nx and int(info.primal_solution_status) == 2  # kSolutionStatusFeasible
+    if found:
+        plan = sol[:nx].reshape(G, W) > 0.5
+    else:  # all on the slow node is always feasible
+        plan = np.zeros((G, W), bool)
+        status = f"{status}, no plan found: all-slow used"
     # the plan's time, recomputed from the rounded solution (exactly the model's objective)
     x = plan.astype(np.float64)
     moved = (n_prev[:, :B] * np.abs(np.diff(x, axis=1))).sum() + (a[:, :B] * x[:, 1:]).sum()
     obj = float((s * c_old).sum() + ((f - s) * c_old * x).sum() + (s * c_new).sum() + m * moved)
     gap = float(info.mip_gap) if np.isfinite(info.mip_gap) else float("inf")
     bound = float(info.mip_dual_bound) * unit if np.isfinite(info.mip_dual_bound) else 0.0
-    optimal = status == "Optimal" and gap <= max(mip_rel_gap, 1e-9) * 1.0001
+    optimal = found and status == "Optimal" and gap <= max(mip_rel_gap, 1e-9) * 1.0001
     if status == "Optimal" and not optimal:
         status = f"{status}, gap above {mip_rel_gap:g}"
     if optimal:

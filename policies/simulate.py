@@ -18,6 +18,7 @@ One interval, as in ``Daemon.step``:
    the daemon's clipping keeps the moves within both; the moves are recorded (PageState
    ``record_moves``) and charged as migration time; a unit moved again within
    ``ping_pong_window`` intervals of its last move counts as a ping-pong, as in the daemon.
+   After the last frame the program has ended: the policy is not asked.
 
 Estimated time = access time + migration time (migrations are charged as if they stalled the
 program: a pessimistic but common choice, as in AutoTM's objective).
@@ -280,7 +281,7 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
     res = SimResult(policy=name or getattr(policy, "name", "?"), capacity=int(cfg.capacity))
     st = PageState(decay=cfg.decay)
     t0 = float(frames[0][1]) if frames else 0.0
-    for _, t, samples in frames:
+    for k, (_, t, samples) in enumerate(frames):
         st.begin_interval()
         fast_acc = slow_acc = 0
         for pid in sorted(samples):
@@ -298,6 +299,11 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
         res.all_fast_s += (fast_acc + slow_acc) * cost.fast_s
         res.all_slow_s += (fast_acc + slow_acc) * cost.slow_s
 
+        res.intervals += 1
+        tot = fast_acc + slow_acc
+        if k == len(frames) - 1:  # the program has ended: moves now would serve nothing
+            res.timeline.append((fast_acc / tot if tot else 1.0, acc_s))
+            break
         ctx = Context(fast_node=FAST, slow_node=SLOW, fast_budget=int(cfg.capacity),
                       max_moves=limit, interval=st.interval, now=float(t) - t0,
                       interval_s=interval_s)
@@ -322,8 +328,6 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
             st.record_moves(idx, node)
         mig_s = moved_pages * cost.page_move_s
         res.migrate_s += mig_s
-        res.intervals += 1
-        tot = fast_acc + slow_acc
         res.timeline.append((fast_acc / tot if tot else 1.0, acc_s + mig_s))
         res.policy_stats = dict(dec.stats)
     res.footprint_pages = int(st.npages.sum(dtype=np.int64)) if len(st) else 0

@@ -1,0 +1,281 @@
+"""``pagetier bench sim`` and ``pagetier train-rl``: policies compared on traces, and the rl
+trainer.
+
+A TRACE argument is a trace file written by ``pagetier record`` (profiler/trace.py) or a
+synthetic trace spec ``synth:PATTERN[:key=value,...]`` (policies/synth.py), for example
+``synth:zipf:pages=4096,seed=2``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from pagetier.errors import ConfigError
+
+DEFAULT_POLICIES = "first-touch,lru,heat-classes,heuristic"
+
+
+def load_trace(spec: str) -> tuple[str, list, float | None]:
+    """(name, frames, interval_s or None) for a trace file or a ``synth:`` spec."""
+    if spec.startswith("synth:"):
+        from pagetier.policies import synth
+
+        return spec[len("synth:"):], synth.from_spec(spec), None
+    from pagetier.profiler.trace import read_trace
+
+    tr = read_trace(spec)
+    return Path(spec).stem, list(tr.intervals()), (tr.interval_s or None)
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _cost(preset, fast_ns, slow_ns, migrate_us, migrate_mb_s, accesses_per_count):
+    from pagetier.policies.simulate import cost_model
+
+    return cost_model(preset, fast_ns=fast_ns, slow_ns=slow_ns, migrate_us=migrate_us,
+                      migrate_mb_s=migrate_mb_s, accesses_per_count=accesses_per_count)
+
+
+def cost_options(f):
+    from pagetier.policies.simulate import PRESETS
+
+    opts = [
+        click.option("--preset", type=click.Choice(sorted(PRESETS)), default="dram-cxl",
+                     show_default=True, help="Cost model of the fast/slow pair."),
+        click.option("--fast-ns", type=float, help="Per-access time on the fast node (ns)."),
+        click.option("--slow-ns", type=float, help="Per-access time on the slow node (ns)."),
+        click.option("--migrate-us", type=float, help="Fixed cost per page migrated (us)."),
+        click.option("--migrate-mb-s", type=float, help="Migration copy bandwidth (MB/s)."),
+        click.option("--accesses-per-count", type=float,
+                     help="Real accesses one recorded count stands for (sampled traces)."),
+        click.option("--rate", type=float, default=512.0, show_default=True,
+                     help="Migration rate limit in MB/s, as the daemon's --rate (0: none)."),
+        click.option("--placement", type=click.Choice(["slow", "fast-first"]), default="slow",
+                     show_default=True, help="Where a page goes at first touch."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+# ----------------------------------------------------------------------------- bench sim
+def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow",
+              rl_model=None, oracle=True, oracle_time_limit=30.0, oracle_groups=256,
+              oracle_windows=120, progress=None) -> list[dict]:
+    """Every (trace, capacity, policy) run; one dict per run (``distance_to_oracle`` relative)."""
+    from pagetier.policies import oracle as oracle_mod
+    from pagetier.policies.simulate import SimConfig, capacity_pages, footprint, simulate
+
+    rows = []
+    for name, frames, interval_s in traces:
+        fp = footprint(frames)
+        for cap_spec in capacities:
+            cap = capacity_pages(cap_spec, fp)
+            cfg = SimConfig(capacity=cap, cost=cost, rate_mb_s=rate, interval_s=interval_s,
+                            placement=placement)
+            base = {"trace": name, "capacity": cap_spec, "capacity_pages": cap,
+                    "footprint_pages": fp}
+            ref = None
+            if oracle:
+                sol = oracle_mod.solve(frames, cap, cost, rate_mb_s=rate, interval_s=interval_s,
+                                       placement=placement, max_groups=oracle_groups,
+                                       max_windows=oracle_windows, time_limit=oracle_time_limit)
+                res = simulate(frames, oracle_mod.OraclePolicy(sol), cfg, name="oracle")
+                ref = res.est_time_s
+                rows.append({**base, **_row(res), "optimal": sol.optimal,
+                             "oracle": sol.describe(), "distance_to_oracle": 0.0})
+                if progress:
+                    progress()
+            for pol in policies:
+                opts = {"model": str(rl_model)} if pol == "rl" else None
+                res = simulate(frames, pol, cfg, options=opts, name=pol)
+                row = {**base, **_row(res)}
+                if ref:
+                    row["distance_to_oracle"] = res.est_time_s / ref - 1.0
+                rows.append(row)
+                if progress:
+                    progress()
+    return rows
+
+
+def _row(res) -> dict:
+    d = res.as_dict()
+    keep = ("policy", "est_time_s", "slowdown", "hit_ratio", "migrated_pages", "migrated_bytes",
+            "promoted_pages", "demoted_pages", "ping_pongs", "clipped", "access_s", "migrate_s",
+            "all_fast_s", "intervals")
+    return {k: d[k] for k in keep}
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'trace':<16} {'cap':>5} {'policy':<12} {'est s':>8} {'slow':>6} {'hit':>6} " \
+           f"{'MB mv':>7} {'pp':>5} {'vs opt':>7}"
+    out = [head]
+    for r in rows:
+        dist = r.get("distance_to_oracle")
+        mark = "" if r.get("optimal", True) else "*"
+        ds = "-" if dist is None else f"{dist:+.1%}"
+        out.append(f"{r['trace'][:16]:<16} {str(r['capacity']):>5} {(r['policy'] + mark)[:12]:<12} "
+                   f"{r['est_time_s']:8.3g} {r['slowdown']:6.3f} {r['hit_ratio']:6.1%} "
+                   f"{r['migrated_bytes'] / (1 << 20):7.1f} {r['ping_pongs']:5d} {ds:>7}")
+    if any(not r.get("optimal", True) for r in rows):
+        out.append("oracle*: bounded (time limit or gap), not proven optimal")
+    for r in rows:
+        if r.get("oracle"):
+            out.append(f"{r['trace'][:16]} {r['capacity']}: {r['oracle']}")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path) -> None:
+    """Estimated slowdown against fast-tier capacity, one line per policy, one panel per trace."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.4), squeeze=False)
+    for ax, tr in zip(axes[0], traces):
+        sub = [r for r in rows if r["trace"] == tr]
+        for pol in dict.fromkeys(r["policy"] for r in sub):
+            pts = sorted((r["capacity_pages"] / max(r["footprint_pages"], 1) * 100, r["slowdown"])
+                         for r in sub if r["policy"] == pol)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol,
+                    linestyle="--" if pol == "oracle" else "-")
+        ax.set_title(tr, fontsize=9)
+        ax.set_xlabel("fast-tier capacity (% of footprint)")
+        ax.set_ylabel("estimated slowdown vs all-fast")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@click.group("bench")
+def bench():
+    """Compare placement policies: `sim` replays traces in the simulator."""
+
+
+@bench.command("sim")
+@click.argument("traces", nargs=-1, required=True)
+@click.option("--policies", default=DEFAULT_POLICIES, show_default=True,
+              help="Comma-separated policy names (rl needs --rl-model).")
+@click.option("--capacity", "capacities", default="10%,25%,50%", show_default=True,
+              help="Fast-tier capacities: % of each trace's footprint, or sizes (64M).")
+@cost_options
+@click.option("--rl-model", type=click.Path(dir_okay=False), help="Model for the rl policy.")
+@click.option("--no-oracle", is_flag=True, help="Skip the ILP oracle (no distance to it).")
+@click.option("--oracle-time-limit", type=float, default=30.0, show_default=True,
+              help="Seconds per oracle solve; past it the answer is marked bounded.")
+@click.option("--oracle-groups", type=int, default=256, show_default=True,
+              help="At most this many page groups in the oracle's ILP.")
+@click.option("--oracle-windows", type=int, default=120, show_default=True,
+              help="At most this many time windows in the oracle's ILP.")
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
+@click.option("-o", "--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a plot of slowdown vs capacity (PNG).")
+def bench_sim(traces, policies, capacities, preset, fast_ns, slow_ns, migrate_us, migrate_mb_s,
+              accesses_per_count, rate, placement, rl_model, no_oracle, oracle_time_limit,
+              oracle_groups, oracle_windows, as_json, plot_path):
+    """Replay TRACES through each policy at each capacity and estimate the run time.
+
+    \b
+    For each trace, capacity and policy: estimated time, slowdown against all-fast,
+    fast-tier hit ratio, MB migrated, ping-pongs and distance to the ILP oracle.
+    \b
+    Examples:
+      pagetier bench sim synth:hotcold synth:zipf:seed=2 --capacity 10%,25%,50%
+      pagetier bench sim run.trace --preset dram-pmem --policies heuristic,lru -o plot.png
+      pagetier bench sim synth:phased --policies heuristic,rl --rl-model rl.npz --json
+    """
+    pols = _split(policies)
+    if "rl" in pols and not rl_model:
+        raise click.UsageError("policy rl needs --rl-model PATH")
+    from pagetier.policies.base import known
+
+    if "rl" in pols:
+        import pagetier.policies.rl  # noqa: F401  registers "rl"
+    for p in pols:
+        if p not in known():
+            raise click.UsageError(f"unknown policy {p!r} (known: {', '.join(known())})")
+    cost = _cost(preset, fast_ns, slow_ns, migrate_us, migrate_mb_s, accesses_per_count)
+    caps = _split(capacities)
+    loaded = [load_trace(t) for t in traces]
+    n = len(loaded) * len(caps) * (len(pols) + (0 if no_oracle else 1))
+    with click.progressbar(length=n, label="simulating", file=sys.stderr) as bar:
+        rows = run_bench(loaded, pols, caps, cost, rate=rate, placement=placement,
+                         rl_model=rl_model, oracle=not no_oracle,
+                         oracle_time_limit=oracle_time_limit, oracle_groups=oracle_groups,
+                         oracle_windows=oracle_windows, progress=lambda: bar.update(1))
+    if as_json:
+        click.echo(json.dumps({"preset": cost.name, "cost": cost.__dict__, "runs": rows}, indent=1))
+    else:
+        click.echo(f"cost model {cost.name}: fast {cost.fast_ns:g} ns, slow {cost.slow_ns:g} ns, "
+                   f"{cost.page_move_s * 1e6:.2f} us per page moved; rate {rate:g} MB/s")
+        click.echo(format_table(rows))
+    if plot_path:
+        plot(rows, plot_path)
+        click.echo(f"plot written to {plot_path}", err=True)
+
+
+# ----------------------------------------------------------------------------- train-rl
+@click.command("train-rl")
+@click.argument("traces", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the model (.npz).")
+@click.option("--budget", default="10%,25%,50%", show_default=True,
+              help="Fast-tier capacities to train for, as % of each trace's footprint.")
+@click.option("--epochs", type=int, default=20, show_default=True)
+@click.option("--population", type=int, default=24, show_default=True,
+              help="Candidates per cross-entropy-method epoch.")
+@click.option("--chunks", type=int, default=32, show_default=True, help="Address chunks.")
+@click.option("--history", type=int, default=4, show_default=True,
+              help="Intervals of heat in the observation.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@cost_options
+def train_rl(traces, output, budget, epochs, population, chunks, history, seed, preset, fast_ns,
+             slow_ns, migrate_us, migrate_mb_s, accesses_per_count, rate, placement):
+    """Train the rl policy's model on TRACES and write it to MODEL.
+
+    \b
+    Examples:
+      pagetier train-rl synth:hotcold synth:phased synth:scan -o rl.npz
+      pagetier train-rl a.trace b.trace -o rl.npz --budget 25% --epochs 40
+      pagetier run --policy rl --policy-option model=rl.npz -- ./job
+    """
+    from pagetier.policies import rl
+
+    cost = _cost(preset, fast_ns, slow_ns, migrate_us, migrate_mb_s, accesses_per_count)
+    caps = []
+    for c in _split(budget):
+        if not c.endswith("%"):
+            raise click.BadParameter(f"{c!r}: give capacities as % of the footprint", param_hint="--budget")
+        caps.append(float(c[:-1]) / 100.0)
+    loaded = [load_trace(t)[1] for t in traces]
+    t0 = time.monotonic()
+    with click.progressbar(length=epochs, label="training", file=sys.stderr) as bar:
+        model, curve = rl.train(loaded, capacities=caps, cost=cost, epochs=epochs,
+                                population=population, n_chunks=chunks, history=history,
+                                rate_mb_s=rate, placement=placement, seed=seed,
+                                progress=lambda e, f: bar.update(1))
+    model.save(output)
+    click.echo(f"trained on {len(loaded)} trace(s) x {len(caps)} capacities in "
+               f"{time.monotonic() - t0:.0f} s: mean slowdown {curve[0]:.3f} -> {curve[-1]:.3f} "
+               f"(chunk-level model); wrote {output}")
+
+
+commands = {"bench": bench, "train-rl": train_rl}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    try:
+        bench()
+    except ConfigError as e:
+        click.echo(f"pagetier: {e}", err=True)
+        sys.exit(1)

@@ -1,0 +1,136 @@
+"""The trace simulator: cost accounting, timing of moves, budget and rate, the CLI."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pagetier.policies import synth
+from pagetier.policies.base import Context, Decision, Policy
+from pagetier.policies.simulate import (PRESETS, SimConfig, capacity_pages, cost_model, footprint,
+                                        simulate)
+from pagetier.profiler.base import Sample
+
+
+def frames_of(counts, pid=7):
+    """counts[t][i]: accesses of page i in interval t (0: not listed)."""
+    out = []
+    for t, row in enumerate(counts):
+        row = np.asarray(row)
+        sel = np.flatnonzero(row)
+        s = Sample(pid=pid, addr=(0x1000 * (sel + 1)).astype(np.uint64),
+                   count=row[sel].astype(np.uint32), node=np.full(len(sel), -1, np.int16),
+                   npages=np.ones(len(sel), np.uint16), complete=False)
+        out.append((t, float(t), {pid: s}))
+    return out
+
+
+class PromoteAll(Policy):
+    name = "promote-all"
+
+    def decide(self, state, ctx):
+        return Decision(promote=np.flatnonzero(state.node != ctx.fast_node),
+                        demote=np.zeros(0, np.int64))
+
+
+COST = cost_model("dram-cxl", fast_ns=100, slow_ns=300, migrate_us=1, migrate_mb_s=4096)
+
+
+def test_first_touch_on_slow_costs_all_slow():
+    fr = frames_of([[10, 5], [10, 5]])
+    r = simulate(fr, "first-touch", SimConfig(capacity=100, cost=COST))
+    assert r.accesses == 30 and r.fast_accesses == 0
+    assert r.est_time_s == pytest.approx(30 * 300e-9)
+    assert r.slowdown == pytest.approx(3.0)
+    assert r.migrated_pages == 0
+
+
+def test_moves_take_effect_next_interval():
+    fr = frames_of([[10, 0], [10, 0], [10, 0]])
+    r = simulate(fr, PromoteAll(), SimConfig(capacity=100, cost=COST))
+    # interval 0 slow, then the page is promoted once and served fast
+    assert r.fast_accesses == 20 and r.promoted_pages == 1
+    move = 1e-6 + 4096 / (4096 * (1 << 20))
+    assert r.est_time_s == pytest.approx(10 * 300e-9 + 20 * 100e-9 + move)
+    assert r.hit_ratio == pytest.approx(20 / 30)
+
+
+def test_fast_first_placement_fills_capacity():
+    fr = frames_of([[1, 1, 1, 1]])
+    r = simulate(fr, "first-touch", SimConfig(capacity=3, cost=COST, placement="fast-first"))
+    assert r.fast_accesses == 3 and r.max_fast_pages == 3
+
+
+def test_budget_and_rate_enforced_like_the_daemon():
+    fr = frames_of([[5] * 50] * 4)
+    # rate: 8 pages per 1 s interval (MB = 2**20 bytes)
+    rate = 8 * 4096 / (1 << 20)
+    r = simulate(fr, PromoteAll(), SimConfig(capacity=20, cost=COST, rate_mb_s=rate))
+    assert r.max_fast_pages <= 20
+    assert r.promoted_pages == 8 * 2 + 4  # 8 after interval 0 and 1, then the budget's last 4
+    assert r.clipped > 0
+
+
+def test_ping_pongs_counted():
+    class Flip(Policy):
+        name = "flip"
+
+        def decide(self, state, ctx):
+            fast = state.node == ctx.fast_node
+            return Decision(promote=np.flatnonzero(~fast), demote=np.flatnonzero(fast))
+
+    r = simulate(frames_of([[1]] * 5), Flip(), SimConfig(capacity=10, cost=COST))
+    assert r.migrated_pages == 4 and r.ping_pongs == 3
+
+
+def test_every_registered_policy_runs_and_heuristic_beats_first_touch():
+    fr = synth.generate("hotcold", pages=512, intervals=20, accesses=20000, seed=1)
+    cfg = SimConfig(capacity=capacity_pages("25%", fr), cost=PRESETS["dram-cxl"])
+    res = {p: simulate(fr, p, cfg) for p in ("first-touch", "lru", "heat-classes", "heuristic")}
+    assert res["heuristic"].slowdown < res["first-touch"].slowdown
+    for r in res.values():
+        assert r.max_fast_pages <= cfg.capacity
+        assert 1.0 <= r.slowdown <= PRESETS["dram-cxl"].slow_ns / PRESETS["dram-cxl"].fast_ns + 1
+
+
+def test_capacity_specs_and_presets():
+    fr = synth.generate("zipf", pages=100, intervals=2)
+    assert footprint(fr) == 100
+    assert capacity_pages("25%", fr) == 25
+    assert capacity_pages("1M", fr) == 256
+    assert set(PRESETS) == {"dram-cxl", "dram-pmem", "hbm-ddr", "local-remote"}
+    for c in PRESETS.values():
+        assert c.slow_ns > c.fast_ns > 0
+    with pytest.raises(Exception, match="unknown cost preset"):
+        cost_model("nope")
+
+
+def test_trace_file_round_trip(tmp_path):
+    trace = pytest.importorskip("pagetier.profiler.trace")
+    fr = synth.generate("phased", pages=256, intervals=6, accesses=5000)
+    flat = [(i, t, s) for i, t, d in fr for s in d.values()]
+    meta = {"backend": "synth", "mode": "phased", "interval_s": 1.0, "pids": [1000],
+            "command": "synth", "kernel": "-", "page_size": 4096, "complete": False}
+    path = tmp_path / "t.trace"
+    trace.write_trace(path, flat, meta)
+    cfg = SimConfig(capacity=64, cost=COST)
+    a = simulate(fr, "heuristic", cfg)
+    b = simulate(trace.read_trace(path), "heuristic", cfg)
+    assert a.est_time_s == pytest.approx(b.est_time_s)
+
+
+def test_bench_sim_cli(tmp_path):
+    from pagetier.policies.sim_cli import bench
+
+    out = tmp_path / "plot.png"
+    res = CliRunner().invoke(bench, ["sim", "synth:hotcold:pages=256,intervals=8,accesses=5000",
+                                     "--capacity", "25%,50%", "--policies", "first-touch,heuristic",
+                                     "--oracle-time-limit", "10", "--json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    runs = doc["runs"]
+    assert {r["policy"] for r in runs} == {"oracle", "first-touch", "heuristic"}
+    assert len(runs) == 6
+    for r in runs:
+        assert r["distance_to_oracle"] >= -1e-9 or r["policy"] != "first-touch"
+    assert out.stat().st_size > 1000
