@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import click
 import numpy as np
@@ -195,11 +196,11 @@ def render(rep: dict, max_rows: int = 20) -> str:
     lines += ["", "hottest regions:",
               f"{'start':>14} {'MB':>7} {'share':>6} {'per pg':>7}  what"]
     for r in rep["hottest"]:
-        what = r["mapping"]
+        what = os.path.basename(r["mapping"]) if r["mapping"].startswith("/") else r["mapping"]
         if r["symbols"]:
-            what += ": " + ", ".join(r["symbols"])
-        lines.append(f"{r['start']:>14} {_mb(r['bytes']):>7} {r['share']:6.1%} "
-                     f"{r['per_page']:7.1f}  {what}"[:79])
+            what += ": " + ", ".join(s.split(" (")[0] for s in r["symbols"])
+        line = f"{r['start']:>14} {_mb(r['bytes']):>7} {r['share']:6.1%} {r['per_page']:7.1f}  "
+        lines.append(line + (what if len(line + what) <= 79 else what[:76 - len(line)] + "..."))
     return "\n".join(lines)
 
 

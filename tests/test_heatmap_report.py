@@ -1,0 +1,140 @@
+"""Heatmap and report of a synthetic phased trace, against golden outputs in tests/golden/.
+
+When a change to the output is intended, regenerate the goldens and review the diff:
+
+    PAGETIER_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_heatmap_report.py
+    git diff tests/golden/
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pagetier.profiler.base import Sample
+from pagetier.profiler.trace import read_trace, write_trace
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("PAGETIER_UPDATE_GOLDEN") == "1"
+HINT = "intended? regenerate with PAGETIER_UPDATE_GOLDEN=1 pytest tests/test_heatmap_report.py"
+
+HEAP = 0x7F0000000000
+DATA = 0x555555558000
+PHASES, PHASE_LEN, PAGES, HOT = 3, 4, 1024, 128
+
+
+def phased_trace(path) -> None:
+    """A 4 MiB heap whose 512 KiB hot band moves up every 4 intervals, a warm data object of
+    64 KiB, and a cold tail; nodes alternate 0 and 1 by page."""
+    rng = np.random.default_rng(8)
+    frames = []
+    for i in range(PHASES * PHASE_LEN):
+        first = (i // PHASE_LEN) * HOT * 2
+        hot = HEAP + (first + np.arange(HOT, dtype=np.uint64)) * np.uint64(4096)
+        warm = DATA + np.arange(16, dtype=np.uint64) * np.uint64(4096)
+        cold = HEAP + (PAGES - 8 + np.arange(8, dtype=np.uint64)) * np.uint64(4096)
+        addr = np.concatenate([warm, hot, cold if i % 6 == 0 else cold[:0]])
+        count = np.concatenate([np.full(16, 3), rng.integers(20, 40, HOT),
+                                np.ones(8 if i % 6 == 0 else 0)]).astype(np.uint32)
+        node = ((addr // np.uint64(4096)) % np.uint64(2)).astype(np.int16)
+        frames.append((i, (i + 1) * 0.5, Sample(4242, addr, count, node,
+                                                np.ones(len(addr), np.uint16))))
+    maps = [[0x555555554000, 0x555555556000, "r--p", "/opt/app/bin/phased"],
+            [0x555555556000, 0x555555557000, "r-xp", "/opt/app/bin/phased"],
+            [0x555555557000, 0x555555568000, "rw-p", "/opt/app/bin/phased"],
+            [0x555555568000, 0x555555589000, "rw-p", "[heap]"],
+            [HEAP, HEAP + PAGES * 4096, "rw-p", ""]]
+    symbols = [[DATA, 0x8000, "lookup_table", ".data"], [DATA + 0x8000, 0x8000, "counters", ".bss"]]
+    write_trace(path, frames, {
+        "backend": "stub", "mode": "", "interval_s": 0.5, "pids": [4242],
+        "command": "/opt/app/bin/phased --phase 2", "kernel": "6.12.0-test",
+        "created": "2026-01-01T00:00:00+0000",
+        "processes": {"4242": {"maps": maps, "symbols": symbols, "exe": "/opt/app/bin/phased",
+                               "cmdline": ["/opt/app/bin/phased", "--phase", "2"]}}})
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory):
+    p = tmp_path_factory.mktemp("hm") / "phased.parquet"
+    phased_trace(p)
+    return p
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text)
+        return
+    assert path.exists(), f"{path} is missing: {HINT}"
+    assert text == path.read_text(), f"{name} differs from its golden; {HINT}"
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "pagetier.cli", *map(str, args)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_heat_matrix_golden_and_band_moves(trace_path):
+    from pagetier.profiler.heatmap import heat
+
+    h = heat(read_trace(trace_path), rows=24)
+    check_golden("heatmap_phased.json", json.dumps(h.to_json(), indent=1) + "\n")
+    # data, the heap's bands, its cold tail: the gaps between them are collapsed
+    assert [hex(lo) for lo, _ in h.segments] == [hex(DATA), hex(HEAP), hex(HEAP + 0x3F8000)]
+    # the hottest heap row moves up once per phase
+    heap_rows = slice(h.seg_rows[1], None)
+    tops = [int(np.argmax(h.matrix[heap_rows, c])) for c in range(h.matrix.shape[1])]
+    per_phase = [tops[p * PHASE_LEN:(p + 1) * PHASE_LEN] for p in range(PHASES)]
+    assert all(len(set(ph)) >= 1 for ph in per_phase)
+    assert max(per_phase[0]) < min(per_phase[1]) and max(per_phase[1]) < min(per_phase[2])
+
+
+def test_ascii_heatmap_golden(trace_path):
+    out = cli("heatmap", trace_path, "--ascii").stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    check_golden("heatmap_phased.txt", out)
+
+
+def test_png_heatmap(trace_path, tmp_path):
+    png = tmp_path / "heat.png"
+    out = cli("heatmap", trace_path, "-o", png).stdout
+    assert "3 segment(s)" in out
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(str(png))
+    assert img.shape[0] >= 500 and img.shape[1] >= 900
+
+
+def test_report_golden(trace_path):
+    text = cli("report", trace_path).stdout
+    assert max(len(line) for line in text.splitlines()) <= 80
+    check_golden("report_phased.txt", text)
+    rep = json.loads(cli("report", trace_path, "--json").stdout)
+    check_golden("report_phased.json", json.dumps(rep, indent=1, sort_keys=True) + "\n")
+    # what the synthetic trace holds, stated independently of the goldens
+    assert rep["peak_hot_set"] == (HOT + 16) * 4096
+    top = rep["hottest"][0]
+    assert top["mapping"] == "[anon]" and top["bytes"] >= HOT * 4096
+    data = next(r for r in rep["hottest"] if r["start"] == hex(DATA))
+    assert data["mapping"] == "/opt/app/bin/phased"
+    assert data["symbols"] == ["lookup_table (.data)", "counters (.bss)"]
+    assert set(rep["residency"]["seen"]) == {"0", "1"}
+
+
+def test_heatmap_and_report_of_an_empty_trace(tmp_path):
+    p = tmp_path / "empty.parquet"
+    write_trace(p, [], {"backend": "stub", "pids": [1]})
+    r = subprocess.run([sys.executable, "-m", "pagetier.cli", "heatmap", p, "--ascii"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "no samples" in r.stderr
+    assert "0 intervals" in cli("report", p).stdout
