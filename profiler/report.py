@@ -118,17 +118,23 @@ def hottest(trace, top: int = 10) -> list[dict]:
     upages = np.zeros(len(uk), np.int64)
     upages[inv] = npg
     procs = trace.meta.get("processes") or {}
-    regions = []
-    start = 0
-    for i in range(1, len(uk) + 1):
-        brk = (i == len(uk) or uk[i, 0] != uk[i - 1, 0]
-               or int(uk[i, 1]) != int(uk[i - 1, 1]) + int(upages[i - 1]) * PAGE_SIZE)
-        if i < len(uk) and not brk:
-            maps = (procs.get(str(int(uk[i, 0]))) or {}).get("maps") or []
-            brk = maps and _mapping(maps, int(uk[i, 1])) != _mapping(maps, int(uk[i - 1, 1]))
-        if brk:
-            regions.append((start, i))
-            start = i
+    # which mapping each unit is in (-1: none known), to split runs at mapping boundaries
+    map_idx = np.full(len(uk), -1, np.int64)
+    for p in np.unique(uk[:, 0]):
+        maps = (procs.get(str(int(p))) or {}).get("maps") or []
+        if not maps:
+            continue
+        lo = np.array([m[0] for m in maps], np.uint64)
+        order = np.argsort(lo)
+        sel = uk[:, 0] == p
+        j = np.searchsorted(lo[order], uk[sel, 1], side="right") - 1
+        hi = np.array([m[1] for m in maps], np.uint64)[order]
+        inside = (j >= 0) & (uk[sel, 1] < hi[np.maximum(j, 0)])
+        map_idx[sel] = np.where(inside, order[np.maximum(j, 0)], -1)
+    nxt = uk[:-1, 1] + upages[:-1].astype(np.uint64) * np.uint64(PAGE_SIZE)
+    brk = (uk[1:, 0] != uk[:-1, 0]) | (uk[1:, 1] != nxt) | (map_idx[1:] != map_idx[:-1])
+    bounds = np.concatenate([[0], np.flatnonzero(brk) + 1, [len(uk)]])
+    regions = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
     out = []
     for a, b in regions:
         p, lo = int(uk[a, 0]), int(uk[a, 1])
