@@ -190,6 +190,7 @@ def run(
     rc = int(rc_file.read_text().strip() or 255) if rc_file.exists() else 255
     dmesg = dmesg_file.read_text(errors="replace") if dmesg_file.exists() else ""
     output = "".join(lines)
+    (outdir / "output").write_text(output)  # kept for a look after a failure
     reports = kernel_reports(dmesg)
     if not dmesg_file.exists():
         # The guest died before it could write its log: the console output is all there is.

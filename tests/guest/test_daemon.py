@@ -109,7 +109,7 @@ def test_phased_workload_followed(env, numab_on):
     r, stats, events = run_daemon(
         env, ["--fast-budget", "96M", "--interval", "1", "--profiler", "kmod"],
         ["--size", "256", "--hot", "64", "--hot-offset", "32", "--start-node", "1",
-         "--phase", "8", "--duration", "34"])
+         "--phase", "15", "--duration", "50"])
     assert r.returncode == 0, summary(r, stats, events)
     check_budget(stats, 96 * MIB)
     ticks = [e for e in events if e["event"] == "tick"]
