@@ -145,7 +145,7 @@ class DamonProfiler(Profiler):
 
     def __init__(self, sample_us: int = 5000, aggr_ms: int = 100, update_ms: int = 1000,
                  min_regions: int = 10, max_regions: int = 1000, max_pages: int = 1 << 24,
-                 io: SysfsIO | None = None):
+                 cpus: str | int = "", io: SysfsIO | None = None):
         self.io = io or SysfsIO()
         self.sample_us, self.aggr_us = int(sample_us), int(aggr_ms) * 1000
         self.update_us = int(update_ms) * 1000
@@ -155,6 +155,10 @@ class DamonProfiler(Profiler):
             raise ConfigError("damon: need 0 < sample_us <= aggr_ms * 1000")
         if not (3 <= self.min_regions <= self.max_regions):
             raise ConfigError("damon: need 3 <= min_regions <= max_regions")
+        try:  # CPUs the kdamond thread may run on, e.g. "0" or "0,2" (default: any)
+            self.cpus = {int(c) for c in str(cpus).replace(",", " ").split()}
+        except ValueError:
+            raise ConfigError(f"damon: cpus={cpus!r}: give CPU numbers, e.g. 0 or 0,2") from None
         self.pids: list[int] = []
         self.index: int | None = None  # our kdamond's index
         self.running = False
@@ -231,6 +235,8 @@ class DamonProfiler(Profiler):
                 self._configure()
                 self.io.write(self._kd("state"), "on")
                 self.running = True
+                if self.cpus:
+                    os.sched_setaffinity(int(self.io.read(self._kd("pid"))), self.cpus)
             else:
                 self._write_targets()
                 self.io.write(self._kd("state"), "commit")

@@ -90,7 +90,6 @@ def heat(trace, pid: int | None = None, rows: int = 256, cols: int | None = None
     seg_lo = used[np.concatenate([[0], breaks])]
     seg_hi = used[np.concatenate([breaks - 1, [len(used) - 1]])] + np.uint64(PAGE_SIZE)
     seg_pages = ((seg_hi - seg_lo) // np.uint64(PAGE_SIZE)).astype(np.int64)
-    seg_off = np.concatenate([[0], np.cumsum(seg_pages)[:-1]])
     total = int(seg_pages.sum())
     seg_nrows = _split_rows(seg_pages, max(rows, len(seg_pages)))
     seg_row0 = np.concatenate([[0], np.cumsum(seg_nrows)[:-1]])

@@ -1,13 +1,16 @@
 """Profiler backends in a real kernel: the same workload recorded by kmod (fault, abit), damon and
 bpf; each trace's hot set against the truth, printed side by side and held to a floor.
 
-Floors (measured in the 6.12 guest under QEMU software emulation, see the issue #8 report):
+Floors, from what the 6.12 guest measured under QEMU software emulation (issue #8 report):
 - kmod, both modes: 0.95 precision and recall, as in test_kmod.
-- damon: DAMON clears Accessed bits without a TLB flush (KERNEL-NOTES), so a workload alone on its
-  CPU keeps its cached translations and DAMON sees few of its accesses; its floor is what it
-  achieves here, not what it would on hardware with a busy scheduler.
-- bpf: counts page faults; with kmod fault-mode marks as the fault source it sees what the module
-  sees, so it is held near kmod's floor.
+- damon: measured 0.98 / 1.00 with the workload, kdamond and the recorder sharing the two vCPUs.
+  DAMON clears Accessed bits without a TLB flush (KERNEL-NOTES); what re-arms the bits here is
+  the context switches on the workload's CPU (no PCID under TCG: a switch flushes), so the floor
+  (0.80) is held loosely and says what DAMON reaches on a shared CPU, not that it is immune.
+  "damon-alone" pins the workload alone on CPU 1 and kdamond and the recorder on CPU 0: it is
+  measured and printed, with no floor, because there the missing flush is expected to show.
+- bpf: counts page faults, here the hinting faults of kmod's fault-mode marks, so it sees what
+  the module's marking makes trap; held to 0.90 (measured 0.98 / 1.00).
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ _spec.loader.exec_module(bench)
 FLOORS = {
     "kmod-fault": (0.95, 0.95),
     "kmod-abit": (0.95, 0.95),
-    "damon": (0.0, 0.0),
+    "damon": (0.80, 0.80),
+    "damon-alone": (0.0, 0.0),
     "bpf+kmod-marks": (0.90, 0.90),
 }
 RESULTS: dict[str, dict] = {}
