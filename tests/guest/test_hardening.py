@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import mmap
 import os
 import random
 import subprocess
@@ -82,7 +83,7 @@ def test_rmmod_under_load():
 
 def _pointers(rng, good: int) -> list[int]:
     return [0, 1, 8, good, good + 3, good + 4095, 0xFFFF_FFFF_FFFF_F000, 0xFFFF_8880_0000_0000,
-            0xFFFF_FFFF_8100_0000, 0x7FFF_FFFF_F000, 0xDEAD_0000, rng.getrandbits(64)]
+            0xFFFF_FFFF_8100_0000, 0x7FFF_FFFF_F000, (1 << 63) | rng.getrandbits(63)]
 
 
 def test_ioctl_fuzz():
@@ -94,9 +95,12 @@ def test_ioctl_fuzz():
     libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
     dev = kmod.Device()
     with Workload("--size", "16", "--hot", "4", "--duration", "0", "--quiet") as w:
-        buf = ctypes.create_string_buffer(4096)
+        # Arguments and record buffers point into one 2 MiB arena with room to spare, so that the
+        # kernel's legitimate writes never land on the fuzzer's own heap.
+        arena = mmap.mmap(-1, 2 << 20)
+        buf = (ctypes.c_char * (1 << 20)).from_buffer(arena)
         good = ctypes.addressof(buf)
-        rec = ctypes.create_string_buffer(24 * 64)
+        rec = (ctypes.c_char * (1 << 20)).from_buffer(arena, 1 << 20)
         valid = [uapi.IOC_VERSION, uapi.IOC_ATTACH, uapi.IOC_DETACH, uapi.IOC_READ, uapi.IOC_STATS]
         pids = [w.pid, 0, 2, 999_999, 2**31 - 1, 2**32 - 1]  # never a process it does not own
         errnos: dict[int, int] = {}
@@ -116,9 +120,9 @@ def test_ioctl_fuzz():
                           for _ in range(n - 1)]
             pid_word = rng.choice(pids) | (rng.choice([1, 2, 3, 0]) << 32)
             np.frombuffer(buf, np.uint64, 1)[0] = pid_word
-            if cmd == uapi.IOC_READ and rng.random() < 0.5:
+            if cmd == uapi.IOC_READ:  # its buffer pointer: the arena, unmapped or kernel only
                 np.frombuffer(buf, np.uint64, 4)[1] = rng.choice(_pointers(rng, ctypes.addressof(rec)))
-                np.frombuffer(buf, np.uint64, 4)[2] = rng.choice([0, 1, 64, 2**40])
+                np.frombuffer(buf, np.uint64, 4)[2] = rng.choice([0, 1, 64, 2**40])  # <= 64 fits
                 np.frombuffer(buf, np.uint64, 4)[3] = rng.choice([0, 4096, rng.getrandbits(64)])
             arg = good if rng.random() < 0.8 else rng.choice(_pointers(rng, good))
             ret = libc.ioctl(dev.fd, cmd & 0xFFFF_FFFF, ctypes.c_void_p(arg))
