@@ -83,7 +83,7 @@ class BpfProfiler(Profiler):
             raise ConfigError(f"bpf: unknown mark {mark!r} (use kmod, or none to count the faults "
                               "that happen anyway)")
         bcc = _import_bcc()
-        self.tracepoint = bool(bcc.BPF.tracepoint_exists(b"exceptions", b"page_fault_user"))
+        self.tracepoint = bool(bcc.BPF.tracepoint_exists("exceptions", "page_fault_user"))
         cflags = [f"-DMAX_PAGES={int(max_pages)}", f"-DPAGE_SIZE_={PAGE_SIZE}"]
         if self.tracepoint:
             cflags.append("-DUSE_TRACEPOINT")
@@ -108,7 +108,7 @@ class BpfProfiler(Profiler):
         if os.geteuid() != 0:
             raise Unavailable("bpf: loading eBPF programs needs root")
         try:
-            ok = (bcc.BPF.tracepoint_exists(b"exceptions", b"page_fault_user")
+            ok = (bcc.BPF.tracepoint_exists("exceptions", "page_fault_user")
                   or len(bcc.BPF.get_kprobe_functions(b"^handle_mm_fault$")) > 0)
         except OSError as e:  # no tracefs/debugfs mounted, or not allowed to read it
             raise Unavailable(f"bpf: cannot look for the page-fault tracepoint or kprobe ({e}); "

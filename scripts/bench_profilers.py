@@ -77,7 +77,8 @@ def measure(name: str, backend: str, options: dict, seconds: float = 6.0, last: 
     from pagetier.profiler.trace import read_trace
     from pagetier.workload import Workload
 
-    outdir = outdir or tempfile.mkdtemp(prefix="pagetier-bench-")
+    # in the test VM, keep the traces where the host can see them
+    outdir = outdir or os.environ.get("PAGETIER_VM_OUT") or tempfile.mkdtemp(prefix="pagetier-bench-")
     path = os.path.join(outdir, f"{name}.parquet")
     t0 = time.monotonic()
     options = dict(options)

@@ -3,14 +3,14 @@ bpf; each trace's hot set against the truth, printed side by side and held to a 
 
 Floors, from what the 6.12 guest measured under QEMU software emulation (issue #8 report):
 - kmod, both modes: 0.95 precision and recall, as in test_kmod.
-- damon: measured 0.98 / 1.00 with the workload, kdamond and the recorder sharing the two vCPUs.
-  DAMON clears Accessed bits without a TLB flush (KERNEL-NOTES); what re-arms the bits here is
-  the context switches on the workload's CPU (no PCID under TCG: a switch flushes), so the floor
-  (0.80) is held loosely and says what DAMON reaches on a shared CPU, not that it is immune.
-  "damon-alone" pins the workload alone on CPU 1 and kdamond and the recorder on CPU 0: it is
-  measured and printed, with no floor, because there the missing flush is expected to show.
 - bpf: counts page faults, here the hinting faults of kmod's fault-mode marks, so it sees what
-  the module's marking makes trap; held to 0.90 (measured 0.98 / 1.00).
+  the module's marking makes trap; held to 0.90 (measured 0.98 / 1.00 and 0.99 / 1.00).
+- damon: no accuracy floor, only that it records. DAMON clears Accessed bits without a TLB flush
+  (KERNEL-NOTES); under TCG a bit is set again only when a context switch on the workload's CPU
+  happens to flush. Measured on the same run, three times with the CPUs shared: precision 0.98,
+  0.76, 0.45 and recall 1.00, 1.00, 0.52; "damon-alone" (workload alone on CPU 1, kdamond and
+  the recorder on CPU 0): nothing counted, 0.00 / 0.00. A floor above 0 would pass only when
+  something else flushes the TLB, so the numbers are printed, not asserted.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ _spec.loader.exec_module(bench)
 FLOORS = {
     "kmod-fault": (0.95, 0.95),
     "kmod-abit": (0.95, 0.95),
-    "damon": (0.80, 0.80),
+    "damon": (0.0, 0.0),
     "damon-alone": (0.0, 0.0),
     "bpf+kmod-marks": (0.90, 0.90),
 }
@@ -82,6 +82,7 @@ def test_backend_finds_hot_set(name, kernel_series, tmp_path, request):
     tr = read_trace(res["trace"])
     assert tr.meta["backend"] == backend and tr.meta["pids"]
     assert tr.meta["processes"], "maps were not saved"
+    assert res["intervals"] >= 3, "the recorder read too few intervals"
     pmin, rmin = FLOORS[name]
     assert res["precision"] >= pmin and res["recall"] >= rmin, res
 
@@ -129,7 +130,8 @@ def test_record_cli_command(tmp_path):
     out = str(tmp_path / "cmd.parquet")
     from pagetier.workload import binary
 
-    r = subprocess.run([sys.executable, "-m", "pagetier.cli", "record", "-O", "scan_period_ms=200",
+    r = subprocess.run([sys.executable, "-m", "pagetier.cli", "record", "-O", "mode=abit",
+                        "-O", "scan_period_ms=200",
                         "--interval", "500", "-o", out, "--", str(binary()), "--size", "32",
                         "--hot", "4", "--duration", "3", "--quiet"],
                        capture_output=True, text=True, timeout=120)
