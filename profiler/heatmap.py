@@ -188,8 +188,13 @@ def png_heatmap(h: Heat, out: str, title: str = "") -> None:
         if all(abs(r - t) >= step // 2 for t in ticks):
             ticks.append(r)
             labels.append(hex(int(h.row_addr[r])))
-    ax.set_yticks(ticks)
-    ax.set_yticklabels(labels, fontsize=7, family="monospace")
+    # small neighbouring segments: keep one label where several would overlap
+    kept, min_gap = [], max(1, m.shape[0] // 40)
+    for tk, lb in sorted(zip(ticks, labels)):
+        if not kept or tk - kept[-1][0] >= min_gap:
+            kept.append((tk, lb))
+    ax.set_yticks([tk for tk, _ in kept])
+    ax.set_yticklabels([lb for _, lb in kept], fontsize=7, family="monospace")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("virtual address (unused gaps collapsed, dashed lines)")
     ax.set_title(title or f"pid {h.pid}", fontsize=10)
