@@ -302,6 +302,11 @@ class Daemon:
             return None
         return False
 
+    def trust_moves(self) -> int:
+        """Intervals for which the profiler's node of a moved unit may predate the move."""
+        lag = float(getattr(self.profiler, "node_lag_s", 0.0))
+        return int(np.ceil(lag / max(self.cfg.interval, 1e-3))) + 1 if lag > 0 else 0
+
     def _fill_nodes(self) -> None:
         """Ask the kernel for the node of units the profiler did not place."""
         query = getattr(self.mover, "query_nodes", None)
@@ -337,7 +342,7 @@ class Daemon:
                     continue
                 raise
             t_merge = time.process_time()
-            st.update(sample)
+            st.update(sample, trust_moves=self.trust_moves())
             merge_s += time.process_time() - t_merge
         self._fill_nodes()
 

@@ -71,8 +71,13 @@ class PageState:
         self.a["heat"] *= np.float32(self.decay)
         self.a["count"] = 0
 
-    def update(self, sample: Sample) -> None:
-        """Merge one target's sample for the current interval."""
+    def update(self, sample: Sample, trust_moves: int = 0) -> None:
+        """Merge one target's sample for the current interval.
+
+        A profiler observes nodes when it scans, which may be before the daemon's last move:
+        for units moved within the last ``trust_moves`` intervals the node the daemon recorded
+        is kept over the sample's.
+        """
         t = self.target_index(sample.pid)
         order = np.argsort(sample.addr, kind="stable")
         addr = sample.addr[order].astype(np.uint64)
@@ -94,7 +99,8 @@ class PageState:
         idx = pos[found]
         self.a["count"][idx] = count[found]
         self.a["heat"][idx] += count[found].astype(np.float32)
-        self.a["node"][idx] = node[found]
+        recent = (self.interval - self.a["last_move"][idx].astype(np.int64)) < trust_moves
+        self.a["node"][idx] = np.where(recent, self.a["node"][idx], node[found])
         self.a["npages"][idx] = npages[found]
         self.a["flags"][idx] |= np.uint8(F_PRESENT)
         acc = idx[count[found] > 0]

@@ -68,6 +68,9 @@ class Profiler(ABC):
     """A source of per-page access counts."""
 
     name = "?"
+    # How old a Sample's node may be (the backend observes nodes when it scans); the daemon
+    # keeps its own record of a unit it moved for that long.
+    node_lag_s = 0.0
 
     @classmethod
     def probe(cls) -> None:

@@ -180,6 +180,8 @@ class KmodProfiler(Profiler):
         self.sample_ratio, self.page_budget = int(sample_ratio), int(page_budget)
         self.dev = Device()
         self.pids: set[int] = set()
+        period = self.scan_period_ms or int((SYSFS / "default_scan_period_ms").read_text())
+        self.node_lag_s = period / 1000.0
 
     @classmethod
     def probe(cls) -> None:
