@@ -185,8 +185,9 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
     # A program maps more as it runs: maps are read again each interval, and the process
     # details go into the metadata when the run ends (_finish rewrites the file once).
     live = list(pids)
-    # pagetier.ko's accessed-only read returned no records in fault mode in the 6.12 guest
-    # (abit mode is fine): read kmod in full and keep the counted units here.
+    # kmod is read in full and filtered here: the read path verified in the VM (fault and abit).
+    # (An earlier empty fault-mode trace was blamed on the module's accessed-only read; the cause
+    # was the recorder being starved, fixed below. The accessed-only read is not re-checked.)
     native_ao = profiler.name != "kmod"
     pages_total, t0 = 0, time.monotonic()
     tmp = out + ".partial"
