@@ -258,6 +258,9 @@ class Daemon:
             sel = idx[pids == pid]
             if pid in gone_pids:
                 continue
+            prepare = getattr(self.profiler, "prepare_move", None)
+            if prepare is not None:  # e.g. kmod fault mode: marked pages made movable
+                prepare(int(pid), st.addresses(sel))
             try:
                 res = self.mover.move(int(pid), st.addresses(sel), node)
             except mover_mod.MoveError as e:

@@ -69,6 +69,8 @@ static void restore_pte(struct pagetier_walk *w, struct vm_area_struct *vma, uns
 
 	if (!pte_protnone(old))
 		return;
+	if (w->priv)
+		(*(unsigned long *)w->priv)++;
 	old = ptep_get_and_clear(vma->vm_mm, addr, ptep);
 	new = pte_modify(old, vma->vm_page_prot);
 	if (pte_write(old))
@@ -83,6 +85,8 @@ static void restore_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, uns
 
 	if (!pmd_protnone(old))
 		return;
+	if (w->priv)
+		(*(unsigned long *)w->priv)++;
 	old = pmdp_establish(vma, addr, pmdp, pmd_mkinvalid(old));
 	new = pmd_modify(old, vma->vm_page_prot);
 	if (pmd_write(old))
@@ -98,6 +102,20 @@ static void fault_detach(struct pagetier_target *t)
 	pagetier_walk_all(&w);
 }
 
+/* Make the pages holding @addrs accessible again (mmap_lock held for read). */
+static unsigned long fault_unmark(struct pagetier_target *t, const u64 *addrs, unsigned long nr)
+{
+	unsigned long i, done = 0;
+	struct pagetier_walk w = { .pte = restore_pte, .pmd = restore_pmd, .t = t, .priv = &done };
+
+	for (i = 0; i < nr; i++) {
+		pagetier_walk_addr(&w, addrs[i]);
+		if (!(i % 512))
+			cond_resched();
+	}
+	return done;
+}
+
 const struct pagetier_mode_ops pagetier_fault_ops = {
 	.name = "fault",
 	.mode = PAGETIER_MODE_FAULT,
@@ -105,6 +123,7 @@ const struct pagetier_mode_ops pagetier_fault_ops = {
 	.pmd = fault_pmd,
 	.flush = true,
 	.detach = fault_detach,
+	.unmark = fault_unmark,
 };
 
 /* --- the hinting-fault hook --- */

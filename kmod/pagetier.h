@@ -29,6 +29,8 @@ struct pagetier_target;
  * @flush:	true if the scan must flush the TLB for the range it walked.
  * @detach:	called once when a target is detached while its address space is alive, with
  *		mmap_lock held for read: undo every change the mode made to the page tables.
+ * @unmark:	undo the mode's changes to the pages holding @addrs (mmap_lock held for read).
+ *		Return: how many mappings changed. May be NULL (nothing to undo).
  */
 struct pagetier_mode_ops {
 	const char *name;
@@ -39,6 +41,7 @@ struct pagetier_mode_ops {
 		    pmd_t *pmdp, bool sample);
 	bool flush;
 	void (*detach)(struct pagetier_target *t);
+	unsigned long (*unmark)(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
 };
 
 /*
@@ -102,6 +105,7 @@ struct pagetier_walk {
 };
 bool pagetier_vma_tracked(struct vm_area_struct *vma);
 void pagetier_walk_all(struct pagetier_walk *w);
+bool pagetier_walk_addr(struct pagetier_walk *w, unsigned long addr);
 int pagetier_scan(struct pagetier_target *t);
 void pagetier_flush_range(struct mm_struct *mm, unsigned long start, unsigned long end);
 bool pagetier_page_is_plain_anon(struct page *page);

@@ -416,6 +416,42 @@ static long do_stats(struct pagetier_stats __user *arg)
 	return copy_to_user(arg, &s, sizeof(s)) ? -EFAULT : 0;
 }
 
+static long do_unmark(struct pagetier_unmark __user *arg)
+{
+	struct pagetier_unmark u;
+	struct pagetier_target *t;
+	u64 *addrs;
+	long ret = 0;
+
+	if (copy_from_user(&u, arg, sizeof(u)))
+		return -EFAULT;
+	if (u.flags || u.reserved[0] || u.reserved[1] || u.nr > PAGETIER_UNMARK_MAX)
+		return -EINVAL;
+	addrs = kvmalloc_array(u.nr ?: 1, sizeof(*addrs), GFP_KERNEL);
+	if (!addrs)
+		return -ENOMEM;
+	if (copy_from_user(addrs, u64_to_user_ptr(u.addrs), u.nr * sizeof(*addrs))) {
+		kvfree(addrs);
+		return -EFAULT;
+	}
+	u.done = 0;
+	mutex_lock(&targets_lock);
+	t = find_pid_locked(u.pid);
+	if (!t) {
+		ret = -ESRCH;
+	} else if (t->ops->unmark && u.nr && mmget_not_zero(t->mm)) {
+		mmap_read_lock(t->mm);
+		u.done = t->ops->unmark(t, addrs, u.nr);
+		mmap_read_unlock(t->mm);
+		mmput(t->mm);
+	}
+	mutex_unlock(&targets_lock);
+	kvfree(addrs);
+	if (!ret && copy_to_user(arg, &u, sizeof(u)))
+		ret = -EFAULT;
+	return ret;
+}
+
 static long pagetier_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
 	void __user *uarg = (void __user *)arg;
@@ -438,6 +474,8 @@ static long pagetier_ioctl(struct file *file, unsigned int cmd, unsigned long ar
 		return do_read(uarg);
 	case PAGETIER_IOC_STATS:
 		return do_stats(uarg);
+	case PAGETIER_IOC_UNMARK:
+		return do_unmark(uarg);
 	}
 	return -ENOTTY;
 }

@@ -72,13 +72,14 @@ static pte_t *pt_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long addr, 
 #endif
 }
 
-/* Walk @vma, calling @w's functions on each present PTE and huge PMD. */
-static void walk_vma(struct pagetier_walk *w, struct vm_area_struct *vma)
+/* Walk [start, end) of @vma, calling @w's functions on each present PTE and huge PMD. */
+static void walk_range(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long start,
+		       unsigned long end)
 {
 	struct mm_struct *mm = vma->vm_mm;
-	unsigned long addr = vma->vm_start, next;
+	unsigned long addr = start, next;
 
-	for (; addr < vma->vm_end; addr = next) {
+	for (; addr < end; addr = next) {
 		pgd_t *pgd;
 		p4d_t *p4d;
 		pud_t *pud;
@@ -86,7 +87,7 @@ static void walk_vma(struct pagetier_walk *w, struct vm_area_struct *vma)
 		spinlock_t *ptl;
 		pte_t *pte, *start_pte;
 
-		next = pmd_addr_end(addr, vma->vm_end);
+		next = pmd_addr_end(addr, end);
 		pgd = pgd_offset(mm, addr);
 		if (pgd_none(*pgd) || pgd_bad(*pgd))
 			continue;
@@ -104,8 +105,9 @@ static void walk_vma(struct pagetier_walk *w, struct vm_area_struct *vma)
 			ptl = pmd_lock(mm, pmd);
 			/* a huge PMD lies whole inside one VMA */
 			if (pmd_trans_huge(*pmd) && !pmd_devmap(*pmd) && pmd_present(*pmd) &&
-			    !(addr & ~HPAGE_PMD_MASK) && next - addr == HPAGE_PMD_SIZE)
-				w->pmd(w, vma, addr, pmd);
+			    (addr & HPAGE_PMD_MASK) >= vma->vm_start &&
+			    (addr & HPAGE_PMD_MASK) + HPAGE_PMD_SIZE <= vma->vm_end)
+				w->pmd(w, vma, addr & HPAGE_PMD_MASK, pmd);
 			spin_unlock(ptl);
 		} else {
 			start_pte = pte = pt_map_lock(mm, pmd, addr, &ptl);
@@ -135,10 +137,28 @@ void pagetier_walk_all(struct pagetier_walk *w)
 	for_each_vma(vmi, vma) {
 		if (!pagetier_vma_tracked(vma))
 			continue;
-		walk_vma(w, vma);
+		walk_range(w, vma, vma->vm_start, vma->vm_end);
 		if (w->t->ops->flush)
 			pagetier_flush_range(w->t->mm, vma->vm_start, vma->vm_end);
 	}
+}
+
+/**
+ * pagetier_walk_addr() - call @w's functions on the mapping of the page holding @addr.
+ * @w: what to call; the caller holds t->mm's users and its mmap_lock for read.
+ * @addr: a user address of the target.
+ *
+ * Return: true if @addr lies in a tracked VMA.
+ */
+bool pagetier_walk_addr(struct pagetier_walk *w, unsigned long addr)
+{
+	struct vm_area_struct *vma = find_vma(w->t->mm, addr);
+
+	addr &= PAGE_MASK;
+	if (!vma || addr < vma->vm_start || !pagetier_vma_tracked(vma))
+		return false;
+	walk_range(w, vma, addr, addr + PAGE_SIZE);
+	return true;
 }
 
 /* --- the scan --- */

@@ -59,10 +59,16 @@ STATS_T = np.dtype(
      ("pages_marked", _u64), ("faults", _u64), ("accesses", _u64), ("scan_ns", _u64),
      ("reserved", _u64, 4)]
 )
+UNMARK_T = np.dtype(
+    [("pid", _u32), ("flags", _u32), ("addrs", _u64), ("nr", _u64), ("done", _u64),
+     ("reserved", _u64, 2)]
+)
+UNMARK_MAX = _define("PAGETIER_UNMARK_MAX")
 # C struct name -> dtype, for the DWARF check
 STRUCTS = {
     "pagetier_version": VERSION_T, "pagetier_attach": ATTACH_T, "pagetier_detach": DETACH_T,
     "pagetier_record": RECORD_T, "pagetier_read": READ_T, "pagetier_stats": STATS_T,
+    "pagetier_unmark": UNMARK_T,
 }
 
 # asm-generic/ioctl.h encoding (x86)
@@ -78,3 +84,4 @@ IOC_ATTACH = _ioc(_IOC_WRITE, 1, ATTACH_T.itemsize)
 IOC_DETACH = _ioc(_IOC_WRITE, 2, DETACH_T.itemsize)
 IOC_READ = _ioc(_IOC_READ | _IOC_WRITE, 3, READ_T.itemsize)
 IOC_STATS = _ioc(_IOC_READ | _IOC_WRITE, 4, STATS_T.itemsize)
+IOC_UNMARK = _ioc(_IOC_READ | _IOC_WRITE, 5, UNMARK_T.itemsize)

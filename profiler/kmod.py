@@ -150,6 +150,17 @@ class Device:
                 break
         return np.concatenate(out) if out else np.zeros(0, uapi.RECORD_T)
 
+    def unmark(self, pid: int, addrs: np.ndarray) -> int:
+        """Make the pages holding ``addrs`` accessible again; returns mappings changed."""
+        addrs = np.ascontiguousarray(addrs, np.uint64)
+        done = 0
+        for s in range(0, len(addrs), uapi.UNMARK_MAX):
+            chunk = addrs[s:s + uapi.UNMARK_MAX]
+            u = np.zeros(1, uapi.UNMARK_T)
+            u["pid"], u["addrs"], u["nr"] = pid, chunk.ctypes.data, len(chunk)
+            done += int(self._ioctl(uapi.IOC_UNMARK, u, f"unmark pid {pid}")["done"])
+        return done
+
     def stats(self, pid: int) -> dict:
         s = np.zeros(1, uapi.STATS_T)
         s["pid"] = pid
@@ -206,6 +217,17 @@ class KmodProfiler(Profiler):
 
     def stats(self, pid: int) -> dict:
         return self.dev.stats(pid)
+
+    def prepare_move(self, pid: int, addrs: np.ndarray) -> None:
+        """Before the daemon moves units: pages fault mode left PROT_NONE cannot be moved by
+        move_pages on every kernel (6.1), so make them accessible; the next scan marks again."""
+        if self.mode != "fault" or not len(addrs):
+            return
+        try:
+            self.dev.unmark(pid, addrs)
+        except KmodError as e:
+            if e.errno != errno.ESRCH:
+                raise
 
     def close(self) -> None:
         for pid in list(self.pids):

@@ -105,14 +105,7 @@ def test_hot_set_promoted_within_budget(env, numab_on):
     assert "numa_balancing 1 -> 0" in r.stderr
 
 
-def test_phased_workload_followed(env, numab_on, request):
-    import platform
-
-    if platform.release().startswith("6.1."):
-        # 6.1's move_pages cannot move a page the fault mode left PROT_NONE (follow_page does
-        # not follow protnone entries): cold pages cannot be demoted, so the budget stays full.
-        request.applymarker(pytest.mark.xfail(reason="6.1: marked pages cannot be demoted",
-                                              strict=False))
+def test_phased_workload_followed(env, numab_on):
     r, stats, events = run_daemon(
         env, ["--fast-budget", "96M", "--interval", "1", "--profiler", "kmod"],
         ["--size", "256", "--hot", "64", "--hot-offset", "32", "--start-node", "1",

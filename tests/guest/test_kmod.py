@@ -254,3 +254,25 @@ def test_target_that_calls_execve_is_followed(dev):
     assert proc.wait() == 0
     pages = int(np.where(rec["flags"] & uapi.REC_HUGE, 512, 1).sum())
     assert pages >= 8192 and st["scans"] > 0
+
+
+def test_unmark_makes_marked_pages_movable(dev):
+    """Cold pages the fault mode left PROT_NONE move with move_pages after UNMARK (6.1's
+    move_pages skips protnone entries)."""
+    from pagetier.daemon import mover
+
+    with Workload("--size", "32", "--hot", "4", "--duration", "0", "--quiet", "--no-thp") as w:
+        # a slow scan, so that none re-marks the pages between the unmark and the move
+        dev.attach(w.pid, "fault", scan_period_ms=3000)
+        wait_scans(dev, w.pid, 2)
+        r = w.ready
+        cold = np.arange(r["addr"] + (8 << 20), r["addr"] + r["size"], 4096, dtype=np.uint64)
+        done = dev.unmark(w.pid, cold)
+        res = mover.move(w.pid, cold, 1)
+        dev.detach(w.pid)
+        assert w.stop() == 0
+    assert done >= len(cold) * 0.9, done
+    assert len(res.moved) == len(cold), res.errors
+    with pytest.raises(kmod.KmodError) as e:
+        dev.unmark(999_999, cold[:1])
+    assert e.value.errno == errno.ESRCH

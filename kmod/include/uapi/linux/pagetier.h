@@ -14,7 +14,7 @@
 #include <linux/types.h>
 
 #define PAGETIER_VERSION_MAJOR 0
-#define PAGETIER_VERSION_MINOR 1
+#define PAGETIER_VERSION_MINOR 2
 #define PAGETIER_VERSION_PATCH 0
 
 #define PAGETIER_STR_(x) #x
@@ -97,6 +97,21 @@ struct pagetier_stats {
 	__u64 reserved[4];
 };
 
+/*
+ * Make pages accessible again before they are moved: a page the fault mode left PROT_NONE
+ * cannot be moved by move_pages(2) on some kernels (6.1's follow_page skips such entries).
+ */
+struct pagetier_unmark {
+	__u32 pid;
+	__u32 flags;   /* must be 0 */
+	__u64 addrs;   /* user pointer to __u64[nr]: addresses inside the pages to unmark */
+	__u64 nr;      /* at most PAGETIER_UNMARK_MAX */
+	__u64 done;    /* out: mappings made accessible again */
+	__u64 reserved[2];
+};
+
+#define PAGETIER_UNMARK_MAX (1U << 20)
+
 #define PAGETIER_IOC_MAGIC 0xB7
 
 #define PAGETIER_IOC_VERSION _IOR(PAGETIER_IOC_MAGIC, 0, struct pagetier_version)
@@ -104,5 +119,6 @@ struct pagetier_stats {
 #define PAGETIER_IOC_DETACH _IOW(PAGETIER_IOC_MAGIC, 2, struct pagetier_detach)
 #define PAGETIER_IOC_READ _IOWR(PAGETIER_IOC_MAGIC, 3, struct pagetier_read)
 #define PAGETIER_IOC_STATS _IOWR(PAGETIER_IOC_MAGIC, 4, struct pagetier_stats)
+#define PAGETIER_IOC_UNMARK _IOWR(PAGETIER_IOC_MAGIC, 5, struct pagetier_unmark)
 
 #endif /* _UAPI_LINUX_PAGETIER_H */
