@@ -32,7 +32,7 @@ def run_one(mode: str | None, size: int, seconds: int, period_ms: int) -> dict:
     from pagetier.workload import Workload
 
     with Workload("--size", str(size), "--hot", str(size // 8), "--duration", str(seconds),
-                  "--quiet", "--no-thp") as w:
+                  "--no-thp") as w:
         st = {}
         mem = 0
         if mode:
@@ -42,12 +42,11 @@ def run_one(mode: str | None, size: int, seconds: int, period_ms: int) -> dict:
             while dev.stats(w.pid)["scans"] < 1:
                 time.sleep(0.05)
             mem = xa_bytes() - before
-        rc = _wait(w)
-        if mode:
-            try:
+        while w.next_tick() is not None:  # stats while the target lives
+            if mode:
                 st = dev.stats(w.pid)
-            except kmod.KmodError:
-                st = {}
+        rc = w.proc.wait()
+        if mode:
             try:
                 dev.detach(w.pid)
             except kmod.KmodError:
@@ -58,12 +57,6 @@ def run_one(mode: str | None, size: int, seconds: int, period_ms: int) -> dict:
             "scans": st.get("scans", 0), "scan_ms": st.get("scan_ns", 0) / 1e6 / max(st.get("scans", 1), 1),
             "pages": st.get("pages_tracked", 0), "faults": st.get("faults", 0),
             "bytes_per_page": mem / max(st.get("pages_tracked", 1), 1)}
-
-
-def _wait(w) -> int:
-    while w.next_tick() is not None:
-        pass
-    return w.proc.wait()
 
 
 def main() -> int:
