@@ -4,7 +4,6 @@ from __future__ import annotations
 import glob
 import json
 import logging
-import os
 import subprocess
 import sys
 import time

@@ -23,22 +23,22 @@ BIN_DIR = Path(__file__).resolve().parent.parent / "build" / "bin"
 def binary(name: str = "hotcold") -> Path:
     """A compiled C program of pagetier/ (hotcold, churn), built if needed (on the host: the
     guest sees the repository read-only)."""
-    SOURCE = Path(__file__).with_name(f"{name}.c")
-    BINARY = BIN_DIR / name
-    if BINARY.exists() and BINARY.stat().st_mtime >= SOURCE.stat().st_mtime:
-        return BINARY
+    source = Path(__file__).with_name(f"{name}.c")
+    exe = BIN_DIR / name
+    if exe.exists() and exe.stat().st_mtime >= source.stat().st_mtime:
+        return exe
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise Unavailable("no C compiler to build the workload: run scripts/setup.sh")
-    BINARY.parent.mkdir(parents=True, exist_ok=True)
+    exe.parent.mkdir(parents=True, exist_ok=True)
     try:
-        subprocess.run([cc, "-O2", "-Wall", "-o", str(BINARY), str(SOURCE), "-lnuma"], check=True,
+        subprocess.run([cc, "-O2", "-Wall", "-o", str(exe), str(source), "-lnuma"], check=True,
                        capture_output=True, text=True)
     except subprocess.CalledProcessError as e:
-        raise Unavailable(f"building {SOURCE.name} failed (is libnuma-dev installed?):\n{e.stderr}")
+        raise Unavailable(f"building {source.name} failed (is libnuma-dev installed?):\n{e.stderr}")
     except OSError as e:
-        raise Unavailable(f"cannot build {SOURCE.name} here ({e}); build it on the host first")
-    return BINARY
+        raise Unavailable(f"cannot build {source.name} here ({e}); build it on the host first")
+    return exe
 
 
 class Workload:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagetier.errors import ConfigError
+from pagetier.errors import ConfigError, PagetierError
 
 PAGE_SIZE = 4096
 HUGE_PAGES = 512  # 4 KiB pages in a 2 MiB mapping
@@ -90,7 +90,13 @@ class Profiler(ABC):
         return {}
 
     def close(self) -> None:
-        """Detach from everything; safe to call twice."""
+        """Detach from every pid in ``self.pids``; safe to call twice. Backends that hold more
+        call this first, then release their own resources."""
+        for pid in list(getattr(self, "pids", ())):
+            try:
+                self.detach(pid)
+            except PagetierError:
+                pass
 
     def __enter__(self):
         return self

@@ -175,11 +175,7 @@ class BpfProfiler(Profiler):
         return st
 
     def close(self) -> None:
-        for pid in list(self.pids):
-            try:
-                self.detach(pid)
-            except PagetierError:
-                pass
+        super().close()
         if self.marker is not None:
             self.marker.close()
             self.marker = None

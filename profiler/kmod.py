@@ -6,7 +6,6 @@ vermagic names another kernel.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import os
@@ -230,10 +229,6 @@ class KmodProfiler(Profiler):
                 raise
 
     def close(self) -> None:
-        for pid in list(self.pids):
-            try:
-                self.detach(pid)
-            except PagetierError:
-                pass
+        super().close()
         if getattr(self, "dev", None):
             self.dev.close()
