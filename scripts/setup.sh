@@ -21,7 +21,8 @@ APT_PKGS=(build-essential bc flex bison libelf-dev kmod cpio busybox-static
 	qemu-system-x86 qemu-utils
 	python3 python3-venv python3-dev python3-pip python3-bpfcc bpfcc-tools
 	libnuma1 libnuma-dev numactl udev iproute2 procps util-linux
-	linux-image-amd64 linux-headers-amd64)
+	linux-image-amd64 linux-headers-amd64
+	redis-server redis-tools sqlite3 zstd)  # third-party programs the trace set is recorded from
 
 install_apt() {
 	local SUDO; SUDO=$(need_root)
@@ -61,6 +62,9 @@ install_venv() {
 	fi
 	.venv/bin/python -m pip install -q --upgrade 'pip>=23'
 	.venv/bin/python -m pip install -q -e '.[test]'
+	# PyTorch for CPU (the sentinel policy's hooks and example): pin the CPU build; a plain
+	# "torch" would pull the multi-GB CUDA one.
+	.venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q 'torch==2.13.0'
 }
 
 build_kmod() {
