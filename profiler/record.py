@@ -197,10 +197,12 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
         # The duration is checked after each read, so a recorder starved of CPU (seen in the
         # test VM while pagetier.ko's fault mode scans) still reads at least once.
         while live:
-            if stop is not None and stop():
-                break
-            wake = next_t if duration is None else min(next_t, t0 + duration)
-            time.sleep(max(0.0, wake - time.monotonic()))
+            # Ctrl-C or SIGTERM: one last read, so the counts since the last read are kept.
+            stopping = stop is not None and stop()
+            if not stopping:
+                wake = next_t if duration is None else min(next_t, t0 + duration)
+                time.sleep(max(0.0, wake - time.monotonic()))
+                stopping = stop is not None and stop()
             t = time.monotonic() - t0
             next_t = max(next_t + interval_s, time.monotonic())  # late: no burst of reads
             pages = 0
@@ -231,7 +233,7 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
             pages_total += pages
             progress.show(t, interval, pages, w.rows + w._buffered, tmp)
             interval += 1
-            if duration is not None and time.monotonic() - t0 >= duration:
+            if stopping or (duration is not None and time.monotonic() - t0 >= duration):
                 break
         rows = w.rows + w._buffered
     progress.done()

@@ -207,6 +207,29 @@ def test_record_trace_stub(tmp_path):
     assert "sleep" in info["cmdline"][0] and any("sleep" in m[3] for m in info["maps"])
 
 
+def test_record_stop_reads_once_more(tmp_path):
+    """Ctrl-C mid-interval keeps the counts gathered since the last read: one final read."""
+    from pagetier.profiler.record import record_trace
+
+    proc = subprocess.Popen(["sleep", "30"])
+    reads = []
+
+    def source(pid, interval):
+        reads.append(interval)
+        return ([0x7f0000000000], 5, 1)
+
+    try:
+        prof = create("stub", source=source)
+        out = tmp_path / "s.parquet"
+        summary = record_trace(prof, [proc.pid], str(out), interval_s=60, nodes=False,
+                               stop=lambda: True)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert summary["intervals"] == 1 and len(reads) == 1
+    assert int(read_trace(out).column("count").sum()) == 5
+
+
 # --- damon, against recorded sysfs I/O -------------------------------------------------------
 def _damon_files(nr=0, **extra):
     files = {"kdamonds/nr_kdamonds": str(nr)}
