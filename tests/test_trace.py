@@ -201,7 +201,7 @@ def test_record_trace_stub(tmp_path):
         proc.kill()
         proc.wait()
     tr = read_trace(out)
-    assert summary["intervals"] >= 3 and len(tr) == 8 * summary["intervals"]
+    assert summary["intervals"] >= 1 and len(tr) == 8 * summary["intervals"]
     assert tr.meta["backend"] == "stub" and tr.meta["complete"] is False
     info = tr.meta["processes"][str(proc.pid)]
     assert "sleep" in info["cmdline"][0] and any("sleep" in m[3] for m in info["maps"])
