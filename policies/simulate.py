@@ -45,6 +45,10 @@ ASPLOS'19) plus the copy at ``migrate_mb_s``.
   Checker idle latencies as commonly published for Xeon Scalable; Maruf et al., "TPP"
   (ASPLOS'23) describe CXL memory as behaving like such a CPU-less remote node).
 
+A measured alternative to the presets: ``pagetier bench costmodel`` (policies/costmodel.py)
+runs a program with all its memory on each node and derives the per-access times from the two
+run times and a trace's counts, as differential tracing does.
+
 ``accesses_per_count`` says how many real accesses one recorded count stands for (the kmod
 profiler samples; synthetic traces count every access): raise it to weigh accesses against
 migrations for sampled traces.
@@ -111,16 +115,23 @@ PRESETS = {
 }
 
 
-def cost_model(preset: str = "dram-cxl", **overrides) -> CostModel:
-    """A preset with some numbers overridden (None values are ignored)."""
-    if preset not in PRESETS:
+def cost_model(preset: str = "dram-cxl", base_file=None, **overrides) -> CostModel:
+    """A preset, or the model in ``base_file`` (written by ``pagetier bench costmodel``), with
+    some numbers overridden (None values are ignored)."""
+    if base_file is not None:
+        from pagetier.policies.costmodel import load
+
+        base = load(base_file)
+    elif preset not in PRESETS:
         raise ConfigError(f"unknown cost preset {preset!r} (known: {', '.join(PRESETS)})")
+    else:
+        base = PRESETS[preset]
     overrides = {k: v for k, v in overrides.items() if v is not None}
     fields = {f.name for f in dataclasses.fields(CostModel)}
     bad = set(overrides) - fields
     if bad:
         raise ConfigError(f"cost model: unknown field(s) {', '.join(sorted(bad))}")
-    return dataclasses.replace(PRESETS[preset], **overrides).check()
+    return dataclasses.replace(base, **overrides).check()
 
 
 @dataclass
