@@ -8,6 +8,7 @@ example ``synth:zipf:pages=4096,seed=2``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -45,11 +46,32 @@ def _split(text: str) -> list[str]:
 
 def _cost(preset, fast_ns, slow_ns, migrate_us, migrate_mb_s, accesses_per_count,
           cost_file=None):
+    """The CostModel of the options; ``accesses_per_count`` "auto" leaves it to ``for_trace``."""
     from pagetier.policies.simulate import cost_model
 
-    return cost_model(preset, fast_ns=fast_ns, slow_ns=slow_ns, migrate_us=migrate_us,
+    if accesses_per_count == "auto":
+        accesses_per_count = None
+    else:
+        try:
+            accesses_per_count = float(accesses_per_count)
+        except ValueError:
+            raise ConfigError(f"--accesses-per-count {accesses_per_count!r}: give a number "
+                              "or auto") from None
+    cost = cost_model(preset, fast_ns=fast_ns, slow_ns=slow_ns, migrate_us=migrate_us,
                       migrate_mb_s=migrate_mb_s, accesses_per_count=accesses_per_count,
                       base_file=cost_file)
+    cost.auto_anchor = accesses_per_count is None and cost.name != "measured"
+    return cost
+
+
+def for_trace(cost, frames, interval_s):
+    """The cost model for one trace: time-anchored when the counts are recorded (not synth:)
+    and --accesses-per-count is auto (see policies/simulate.py)."""
+    from pagetier.policies.simulate import time_anchored
+
+    if getattr(cost, "auto_anchor", False) and interval_s is not None:
+        return time_anchored(cost, frames, interval_s)
+    return cost
 
 
 def cost_options(f):
@@ -63,8 +85,10 @@ def cost_options(f):
         click.option("--slow-ns", type=float, help="Per-access time on the slow node (ns)."),
         click.option("--migrate-us", type=float, help="Fixed cost per page migrated (us)."),
         click.option("--migrate-mb-s", type=float, help="Migration copy bandwidth (MB/s)."),
-        click.option("--accesses-per-count", type=float,
-                     help="Real accesses one recorded count stands for (sampled traces)."),
+        click.option("--accesses-per-count", default="auto", show_default=True,
+                     help="Real accesses one recorded count stands for; auto: 1 for synth: "
+                          "traces, and for recorded ones what makes the all-fast time the "
+                          "recorded duration."),
         click.option("--rate", type=float, default=512.0, show_default=True,
                      help="Migration rate limit in MB/s, as the daemon's --rate (0: none)."),
         click.option("--placement", type=click.Choice(["slow", "fast-first"]), default="slow",
@@ -84,14 +108,16 @@ def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow
     from pagetier.policies.simulate import SimConfig, capacity_pages, footprint, simulate
 
     rows = []
+    base_cost = cost
     for name, frames, interval_s in traces:
+        cost = for_trace(base_cost, frames, interval_s)
         fp = footprint(frames)
         for cap_spec in capacities:
             cap = capacity_pages(cap_spec, fp)
             cfg = SimConfig(capacity=cap, cost=cost, rate_mb_s=rate, interval_s=interval_s,
                             placement=placement)
             base = {"trace": name, "capacity": cap_spec, "capacity_pages": cap,
-                    "footprint_pages": fp}
+                    "footprint_pages": fp, "accesses_per_count": cost.accesses_per_count}
             ref = None
             if oracle:
                 sol = oracle_mod.solve(frames, cap, cost, rate_mb_s=rate, interval_s=interval_s,
@@ -233,10 +259,15 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
                          oracle_time_limit=oracle_time_limit, oracle_groups=oracle_groups,
                          oracle_windows=oracle_windows, progress=lambda: bar.update(1))
     if as_json:
-        click.echo(json.dumps({"preset": cost.name, "cost": cost.__dict__, "runs": rows}, indent=1))
+        click.echo(json.dumps({"preset": cost.name, "cost": dataclasses.asdict(cost), "runs": rows},
+                              indent=1))
     else:
         click.echo(f"cost model {cost.name}: fast {cost.fast_ns:g} ns, slow {cost.slow_ns:g} ns, "
                    f"{cost.page_move_s * 1e6:.2f} us per page moved; rate {rate:g} MB/s")
+        if getattr(cost, "auto_anchor", False) and any(r["accesses_per_count"] != cost.accesses_per_count
+                                                       for r in rows):
+            click.echo("recorded traces: counts scaled so that all-fast time = recorded duration "
+                       "(--accesses-per-count auto)")
         click.echo(format_table(rows))
     if plot_path:
         plot(rows, plot_path)
@@ -305,7 +336,7 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
              "migration_from": preset}
     costmodel.save(output, cost, m, extra)
     if as_json:
-        click.echo(json.dumps({"cost": cost.__dict__, "measured": {**m, **extra}}, indent=1))
+        click.echo(json.dumps({"cost": dataclasses.asdict(cost), "measured": {**m, **extra}}, indent=1))
         return
     click.echo(f"all on node {fast_node}: {min(m['runs_fast_s']):.3f} s, all on node {slow_node}: "
                f"{min(m['runs_slow_s']):.3f} s (best of {repeat}); slow/fast {extra['ratio']:.3f}"
@@ -348,10 +379,14 @@ def train_rl(traces, output, budget, epochs, population, chunks, history, seed, 
         if not c.endswith("%"):
             raise click.BadParameter(f"{c!r}: give capacities as % of the footprint", param_hint="--budget")
         caps.append(float(c[:-1]) / 100.0)
-    loaded = [load_trace(t)[1] for t in traces]
+    loaded, costs = [], []
+    for t in traces:
+        _, frames, interval_s = load_trace(t)
+        loaded.append(frames)
+        costs.append(for_trace(cost, frames, interval_s))
     t0 = time.monotonic()
     with click.progressbar(length=epochs, label="training", file=sys.stderr) as bar:
-        model, curve = rl.train(loaded, capacities=caps, cost=cost, epochs=epochs,
+        model, curve = rl.train(loaded, capacities=caps, cost=costs, epochs=epochs,
                                 population=population, n_chunks=chunks, history=history,
                                 rate_mb_s=rate, placement=placement, seed=seed,
                                 progress=lambda e, f: bar.update(1))

@@ -51,7 +51,11 @@ run times and a trace's counts, as differential tracing does.
 
 ``accesses_per_count`` says how many real accesses one recorded count stands for (the kmod
 profiler samples; synthetic traces count every access): raise it to weigh accesses against
-migrations for sampled traces.
+migrations for sampled traces. A recorded count is not an access (in abit mode it is one scan
+that found the page accessed), so for recorded traces the bench and the trainer default to
+``time_anchored``: the count is scaled so that the trace's all-fast time equals its recorded
+duration (the program taken as memory-bound; the same anchor ``pagetier bench costmodel``
+uses).
 """
 from __future__ import annotations
 
@@ -113,6 +117,17 @@ PRESETS = {
     "hbm-ddr": CostModel(0.14, 0.71, 3.0, 8000.0, name="hbm-ddr"),
     "local-remote": CostModel(90.0, 140.0, 3.0, 4000.0, name="local-remote"),
 }
+
+
+def time_anchored(cost: CostModel, frames, interval_s: float | None = None) -> CostModel:
+    """``cost`` with ``accesses_per_count`` set so that the all-fast time of ``frames`` equals
+    their duration (frames x interval)."""
+    frames = list(frames)
+    counts = sum(int(np.asarray(s.count, np.int64).sum()) for _, _, d in frames for s in d.values())
+    seconds = len(frames) * (interval_s or frame_interval_s(frames))
+    if counts <= 0 or seconds <= 0:
+        return cost
+    return dataclasses.replace(cost, accesses_per_count=seconds / (counts * cost.fast_ns * 1e-9))
 
 
 def cost_model(preset: str = "dram-cxl", base_file=None, **overrides) -> CostModel:

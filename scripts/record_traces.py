@@ -200,31 +200,46 @@ def workloads(seconds: float, tmp: str) -> dict:
     }
 
 
-def record_all(raw: Path, names: list[str], seconds: float, interval_ms: int, scan_ms: int) -> None:
-    """In the guest: record each workload into raw/NAME.parquet and describe it in raw/runs.json."""
+def _record_one(name, start, raw: Path, seconds, interval_ms, scan_ms):
+    """(summary, Run) of one recording; (None, None) when the program would not start."""
     from pagetier.profiler.base import create
     from pagetier.profiler.record import record_trace
 
+    print(f"[record_traces] {name}: starting", flush=True)
+    try:
+        run = start()
+    except (OSError, RuntimeError) as e:
+        print(f"[record_traces] {name}: FAILED to start: {e}", flush=True)
+        return None, None
+    prof = create("kmod", mode="abit", scan_period_ms=scan_ms)
+    try:
+        s = record_trace(prof, [run.pid], str(raw / f"{name}.parquet"),
+                         interval_s=interval_ms / 1000, duration=seconds,
+                         meta={"command": run.command, "mode": "abit"})
+    finally:
+        prof.close()
+        run.stop()
+    return s, run
+
+
+def record_all(raw: Path, names: list[str], seconds: float, interval_ms: int, scan_ms: int) -> None:
+    """In the guest: record each workload into raw/NAME.parquet and describe it in raw/runs.json."""
     raw.mkdir(parents=True, exist_ok=True)
     print(f"[record_traces] raw traces in {raw}", flush=True)
     tmp = tempfile.mkdtemp()
     table = workloads(seconds, tmp)
     runs = {}
     for name in names:
-        print(f"[record_traces] {name}: starting", flush=True)
-        try:
-            run = table[name]()
-        except (OSError, RuntimeError) as e:
-            print(f"[record_traces] {name}: FAILED to start: {e}", flush=True)
+        for attempt in range(3):
+            # the recorder can be starved of CPU in the emulated guest (one read in the whole
+            # run was seen): such a recording is done again
+            s, run = _record_one(name, table[name], raw, seconds, interval_ms, scan_ms)
+            if s is None or s["intervals"] >= min(10, seconds * 500 / interval_ms):
+                break
+            print(f"[record_traces] {name}: only {s['intervals']} intervals (recorder starved), "
+                  "again", flush=True)
+        if s is None:
             continue
-        prof = create("kmod", mode="abit", scan_period_ms=scan_ms)
-        try:
-            s = record_trace(prof, [run.pid], str(raw / f"{name}.parquet"),
-                             interval_s=interval_ms / 1000, duration=seconds,
-                             meta={"command": run.command, "mode": "abit"})
-        finally:
-            prof.close()
-            run.stop()
         runs[name] = {"program": run.program, "command": run.command, "shows": run.shows,
                       "kernel": platform.release(), "backend": "kmod", "mode": "abit",
                       "scan_period_ms": scan_ms, "interval_ms": interval_ms,
@@ -250,7 +265,7 @@ def pack(raw: Path, out: Path, unit_kb: int) -> None:
         for i, t, samples in tr.intervals():
             for pid, s in samples.items():
                 addr = np.asarray(s.addr, np.uint64)
-                big = np.asarray(s.npages) * PAGE_SIZE >= unit  # huge pages stay as they are
+                big = np.asarray(s.npages, np.int64) * PAGE_SIZE >= unit  # huge pages stay as they are
                 key = np.where(big, addr, addr - addr % np.uint64(unit))
                 uk, inv = np.unique(key, return_inverse=True)
                 cnt = np.zeros(len(uk), np.uint64)
