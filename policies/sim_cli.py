@@ -102,13 +102,18 @@ def cost_options(f):
 # ----------------------------------------------------------------------------- bench sim
 def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow",
               rl_model=None, oracle=True, oracle_time_limit=30.0, oracle_groups=256,
-              oracle_windows=120, progress=None) -> list[dict]:
-    """Every (trace, capacity, policy) run; one dict per run (``distance_to_oracle`` relative)."""
+              oracle_windows=120, oracle_budget=None, progress=None) -> list[dict]:
+    """Every (trace, capacity, policy) run; one dict per run (``distance_to_oracle`` relative).
+
+    ``oracle_budget``: seconds for all oracle solves together; each solve gets at most its
+    share of what is left (and ``oracle_time_limit``), so the whole bench stays bounded."""
     from pagetier.policies import oracle as oracle_mod
     from pagetier.policies.simulate import SimConfig, capacity_pages, footprint, simulate
 
     rows = []
     base_cost = cost
+    solves_left = len(traces) * len(capacities)
+    budget_end = None if oracle_budget is None else time.monotonic() + oracle_budget
     for name, frames, interval_s in traces:
         cost = for_trace(base_cost, frames, interval_s)
         fp = footprint(frames)
@@ -120,9 +125,13 @@ def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow
                     "footprint_pages": fp, "accesses_per_count": cost.accesses_per_count}
             ref = None
             if oracle:
+                limit = oracle_time_limit
+                if budget_end is not None:
+                    limit = max(1.0, min(limit, (budget_end - time.monotonic()) / solves_left))
+                solves_left -= 1
                 sol = oracle_mod.solve(frames, cap, cost, rate_mb_s=rate, interval_s=interval_s,
                                        placement=placement, max_groups=oracle_groups,
-                                       max_windows=oracle_windows, time_limit=oracle_time_limit)
+                                       max_windows=oracle_windows, time_limit=limit)
                 res = simulate(frames, oracle_mod.OraclePolicy(sol), cfg, name="oracle")
                 ref = res.est_time_s
                 rows.append({**base, **_row(res), "optimal": sol.optimal,
@@ -176,8 +185,12 @@ def plot(rows: list[dict], path) -> None:
     import matplotlib.pyplot as plt
 
     traces = list(dict.fromkeys(r["trace"] for r in rows))
-    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.4), squeeze=False)
-    for ax, tr in zip(axes[0], traces):
+    ncols = min(4, len(traces))
+    nrows = -(-len(traces) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
+    for ax in axes.flat[len(traces):]:
+        ax.set_visible(False)
+    for ax, tr in zip(axes.flat, traces):
         sub = [r for r in rows if r["trace"] == tr]
         for pol in dict.fromkeys(r["policy"] for r in sub):
             pts = sorted((r["capacity_pages"] / max(r["footprint_pages"], 1) * 100, r["slowdown"])
@@ -188,7 +201,7 @@ def plot(rows: list[dict], path) -> None:
         ax.set_xlabel("fast-tier capacity (% of footprint)")
         ax.set_ylabel("estimated slowdown vs all-fast")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+    axes.flat[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -211,6 +224,9 @@ def bench():
 @click.option("--no-oracle", is_flag=True, help="Skip the ILP oracle (no distance to it).")
 @click.option("--oracle-time-limit", type=float, default=30.0, show_default=True,
               help="Seconds per oracle solve; past it the answer is marked bounded.")
+@click.option("--oracle-budget", type=float, default=300.0, show_default=True,
+              help="Seconds for all oracle solves together (each gets its share of what is "
+                   "left, at most --oracle-time-limit).")
 @click.option("--oracle-groups", type=int, default=256, show_default=True,
               help="At most this many page groups in the oracle's ILP.")
 @click.option("--oracle-windows", type=int, default=120, show_default=True,
@@ -220,7 +236,7 @@ def bench():
               help="Write a plot of slowdown vs capacity (PNG).")
 def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns, migrate_us,
               migrate_mb_s, accesses_per_count, rate, placement, rl_model, no_oracle,
-              oracle_time_limit, oracle_groups, oracle_windows, as_json, plot_path):
+              oracle_time_limit, oracle_budget, oracle_groups, oracle_windows, as_json, plot_path):
     """Replay TRACES through each policy at each capacity and estimate the run time.
 
     \b
@@ -253,10 +269,12 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
         traces = [f"builtin:{n}" for n in builtin_traces.names()]
     loaded = [load_trace(t) for t in traces]
     n = len(loaded) * len(caps) * (len(pols) + (0 if no_oracle else 1))
+    t0 = time.monotonic()
     with click.progressbar(length=n, label="simulating", file=sys.stderr) as bar:
         rows = run_bench(loaded, pols, caps, cost, rate=rate, placement=placement,
                          rl_model=rl_model, oracle=not no_oracle,
-                         oracle_time_limit=oracle_time_limit, oracle_groups=oracle_groups,
+                         oracle_time_limit=oracle_time_limit, oracle_budget=oracle_budget,
+                         oracle_groups=oracle_groups,
                          oracle_windows=oracle_windows, progress=lambda: bar.update(1))
     if as_json:
         click.echo(json.dumps({"preset": cost.name, "cost": dataclasses.asdict(cost), "runs": rows},
@@ -272,6 +290,7 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
     if plot_path:
         plot(rows, plot_path)
         click.echo(f"plot written to {plot_path}", err=True)
+    click.echo(f"{n} runs in {time.monotonic() - t0:.0f} s", err=True)
 
 
 @bench.command("traces")

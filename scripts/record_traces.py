@@ -138,7 +138,12 @@ def start_churn(seconds: float) -> Run:
 
 def start_python(name: str, script: str, shows: str, program: str) -> Run:
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    _wait_line(p, "ready")
+    try:
+        _wait_line(p, "ready", timeout=900)  # importing torch takes minutes in the emulated guest
+    except RuntimeError:
+        p.kill()
+        p.wait()
+        raise
     return Run(p.pid, [p], f"python -c <{name} script in scripts/record_traces.py>", shows, program)
 
 
