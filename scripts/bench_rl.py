@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-TRAIN = "hotcold-phased,redis,sqlite,churn"
-TEST = "hotcold-stable,torch-mlp,zstd,pagerank"
+TRAIN = "hotcold-phased,redis,churn"
+TEST = "hotcold-stable,sqlite,zstd"
 
 
 def sim(names, model, caps, oracle_limit, no_oracle):
