@@ -22,7 +22,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = "hotcold-phased,redis,churn"
-TEST = "hotcold-stable,sqlite,zstd"
+TEST = "hotcold-stable,sqlite,zstd,pagerank"
 
 
 def sim(names, model, caps, oracle_limit, no_oracle):
