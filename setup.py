@@ -28,6 +28,8 @@ setup(
         "pagetier.daemon": "daemon",
         "pagetier.policies": "policies",
     },
+    # the built-in trace set (pagetier bench traces), recorded by scripts/record_traces.py
+    package_data={"pagetier.policies": ["traces/*.parquet", "traces/index.json"]},
     install_requires=[
         "click>=8.1,<9",
         "numpy>=1.24,<3",

@@ -207,7 +207,8 @@ if gym is not None:
         """Episodes over traces: one step per interval (see the module docstring).
 
         traces: lists of frames (or Trace objects); capacities: fractions of the footprint
-        (one is drawn per episode); cost: the simulator's CostModel; rate_mb_s: the daemon's
+        (one is drawn per episode); cost: the simulator's CostModel (or a list, one per
+        trace); rate_mb_s: the daemon's
         rate limit; placement: first touch "slow" or "fast-first".
         """
 
@@ -220,7 +221,12 @@ if gym is not None:
             if not traces:
                 raise ConfigError("TraceEnv needs at least one trace")
             self.n_chunks, self.history = int(n_chunks), int(history)
-            self.cost = cost or CostModel()
+            # one CostModel for all traces, or a list with one per trace
+            costs = list(cost) if isinstance(cost, (list, tuple)) else [cost or CostModel()] * len(traces)
+            if len(costs) != len(traces):
+                raise ConfigError(f"TraceEnv: {len(costs)} cost models for {len(traces)} traces")
+            self.costs = costs
+            self.cost = costs[0]
             self.capacities = [float(c) for c in capacities]
             self.placement = placement
             self.traces = [t if isinstance(t, _Trace) else _prepare(t, self.n_chunks) for t in traces]
@@ -237,6 +243,7 @@ if gym is not None:
             ti = options.get("trace", int(self.np_random.integers(len(self.traces))))
             cap = options.get("capacity", self.capacities[int(self.np_random.integers(len(self.capacities)))])
             tr = self._tr = self.traces[ti]
+            self.cost = self.costs[ti]
             self.cap = float(cap) * tr.pages.sum() if cap <= 1.0 else float(cap)
             self.max_moves = float(rate_pages(self.rate_mb_s, tr.interval_s))
             self.norm = max(tr.counts.sum() * self.cost.fast_s / len(tr.counts), 1e-30)

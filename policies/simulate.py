@@ -45,9 +45,17 @@ ASPLOS'19) plus the copy at ``migrate_mb_s``.
   Checker idle latencies as commonly published for Xeon Scalable; Maruf et al., "TPP"
   (ASPLOS'23) describe CXL memory as behaving like such a CPU-less remote node).
 
+A measured alternative to the presets: ``pagetier bench costmodel`` (policies/costmodel.py)
+runs a program with all its memory on each node and derives the per-access times from the two
+run times and a trace's counts, as differential tracing does.
+
 ``accesses_per_count`` says how many real accesses one recorded count stands for (the kmod
 profiler samples; synthetic traces count every access): raise it to weigh accesses against
-migrations for sampled traces.
+migrations for sampled traces. A recorded count is not an access (in abit mode it is one scan
+that found the page accessed), so for recorded traces the bench and the trainer default to
+``time_anchored``: the count is scaled so that the trace's all-fast time equals its recorded
+duration (the program taken as memory-bound; the same anchor ``pagetier bench costmodel``
+uses).
 """
 from __future__ import annotations
 
@@ -111,16 +119,34 @@ PRESETS = {
 }
 
 
-def cost_model(preset: str = "dram-cxl", **overrides) -> CostModel:
-    """A preset with some numbers overridden (None values are ignored)."""
-    if preset not in PRESETS:
+def time_anchored(cost: CostModel, frames, interval_s: float | None = None) -> CostModel:
+    """``cost`` with ``accesses_per_count`` set so that the all-fast time of ``frames`` equals
+    their duration (frames x interval)."""
+    frames = list(frames)
+    counts = sum(int(np.asarray(s.count, np.int64).sum()) for _, _, d in frames for s in d.values())
+    seconds = len(frames) * (interval_s or frame_interval_s(frames))
+    if counts <= 0 or seconds <= 0:
+        return cost
+    return dataclasses.replace(cost, accesses_per_count=seconds / (counts * cost.fast_ns * 1e-9))
+
+
+def cost_model(preset: str = "dram-cxl", base_file=None, **overrides) -> CostModel:
+    """A preset, or the model in ``base_file`` (written by ``pagetier bench costmodel``), with
+    some numbers overridden (None values are ignored)."""
+    if base_file is not None:
+        from pagetier.policies.costmodel import load
+
+        base = load(base_file)
+    elif preset not in PRESETS:
         raise ConfigError(f"unknown cost preset {preset!r} (known: {', '.join(PRESETS)})")
+    else:
+        base = PRESETS[preset]
     overrides = {k: v for k, v in overrides.items() if v is not None}
     fields = {f.name for f in dataclasses.fields(CostModel)}
     bad = set(overrides) - fields
     if bad:
         raise ConfigError(f"cost model: unknown field(s) {', '.join(sorted(bad))}")
-    return dataclasses.replace(PRESETS[preset], **overrides).check()
+    return dataclasses.replace(base, **overrides).check()
 
 
 @dataclass
