@@ -159,7 +159,8 @@ def plot(rows: list[dict], path) -> None:
 
 @click.group("bench")
 def bench():
-    """Compare placement policies: `sim` replays traces in the simulator."""
+    """Compare placement policies: `sim` replays traces in the simulator, `live` runs them in
+    the test VM against the kernel's own tiering."""
 
 
 @bench.command("sim")
@@ -270,6 +271,13 @@ def train_rl(traces, output, budget, epochs, population, chunks, history, seed, 
                f"(chunk-level model); wrote {output}")
 
 
+def _add_live() -> None:
+    from pagetier import live_bench
+
+    bench.add_command(live_bench.command, "live")
+
+
+_add_live()
 commands = {"bench": bench, "train-rl": train_rl}
 
 
