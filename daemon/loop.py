@@ -339,8 +339,9 @@ class Daemon:
         for pid in sorted(self.targets):
             try:
                 sample = self.profiler.read(pid, reset=True)
-            except Exception:
-                if not self._alive(pid):
+            except Exception as e:
+                # ESRCH: the profiler lost a target that is exiting (not yet a zombie)
+                if not self._alive(pid) or getattr(e, "errno", None) == errno.ESRCH:
                     self.drop(pid)
                     continue
                 raise

@@ -451,7 +451,8 @@ def report(doc: dict, command_line: str) -> str:
         f"fast node cut to {spec['budget_mb']} MiB + the promotion watermark",
         "fast acc: share of the workload's accesses served by the fast node (mean of seconds); "
         "x none: ratio to no migration; end: last 3 s; t->hot: s from a phase start until "
-        f">= {live_table.HOT_THRESHOLD:.0%} (mean of phases); MB migr: pgmigrate_success; "
+        f">= {live_table.HOT_THRESHOLD:.0%} (mean of phases); MB moved: workload pages seen changing "
+        "node (sampled each second); vm MB: pgmigrate_success of the whole guest; "
         f"pp: pages moved back within {PING_PONG_S:.0f} s; peak MB: workload on fast node; "
         "mgr s / prof s: CPU s of the mover / the profiler; acc/s x: workload speed vs none",
         "",
@@ -465,6 +466,10 @@ def report(doc: dict, command_line: str) -> str:
     notes = sorted({n for r in rows if r["runnable"] for n in r.get("notes", [])})
     if notes:
         head += [""] + [f"note: {n}" for n in notes]
+    if doc.get("vm_seconds"):
+        head.append(f"VM run: {doc['vm_seconds']:.0f} s from boot to results")
+    for rep in doc.get("kernel_reports", []):
+        head.append(f"KERNEL REPORT during the run: {rep.strip()}")
     return "\n".join(head)
 
 
@@ -525,6 +530,8 @@ def command(quick, policies, kernel, seconds, phase, fast_budget, mode, as_json,
                                "spec": doc["spec"], "rows": results(doc)}))
     else:
         click.echo(report(doc, doc["command"]))
+    if doc.get("kernel_reports"):
+        sys.exit(1)
 
 
 def run_in_vm(names, spec: Spec, kernel: str, echo: bool = True) -> dict:
@@ -537,7 +544,13 @@ def run_in_vm(names, spec: Spec, kernel: str, echo: bool = True) -> dict:
     t0 = time.monotonic()
     res = vm.run(cmd, kernel=kernel, fast="1G", slow="1G", hmat=True, echo=echo,
                  timeout=900 + len(names) * (spec.seconds + 120))
-    res.check()
-    doc = json.loads((res.outdir / RESULT_NAME).read_text())
+    result = res.outdir / RESULT_NAME
+    if res.returncode != 0 or not result.exists():
+        res.check()
+        raise PagetierError(f"bench live: the guest wrote no results ({result})")
+    doc = json.loads(result.read_text())
+    # A kernel report during a run is a result too (e.g. a kdamond soft lockup under emulation):
+    # shown with the table, and the command exits non-zero.
+    doc["kernel_reports"] = res.reports
     doc["vm_seconds"] = round(time.monotonic() - t0, 1)
     return doc

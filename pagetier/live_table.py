@@ -102,9 +102,10 @@ def _f(x, fmt: str, none: str = "n/a") -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """The side-by-side table (under 100 columns), then the rows that could not run."""
+    """The side-by-side table (about 105 columns), then the rows that could not run."""
     head = (f"{'config':<20} {'fast acc':>8} {'x none':>6} {'end':>6} {'t->hot':>7} "
-            f"{'MB migr':>8} {'pp':>5} {'peak MB':>7} {'mgr s':>6} {'prof s':>6} {'acc/s x':>7}")
+            f"{'MB moved':>8} {'vm MB':>6} {'pp':>5} {'peak MB':>7} {'mgr s':>6} {'prof s':>6} "
+            f"{'acc/s x':>7}")
     out = [head]
     for r in rows:
         if not r["runnable"]:
@@ -115,7 +116,8 @@ def format_table(rows: list[dict]) -> str:
             f"{r['config']:<20} {_f(r['fast_access'] and r['fast_access'] * 100, '.1f')+'%':>8} "
             f"{_f(r.get('fast_access_vs_none'), '.2f'):>6} "
             f"{_f(r['fast_access_end'] and r['fast_access_end'] * 100, '.0f')+'%':>6} "
-            f"{hot:>7} {r['migrated_mb']:>8.1f} {r['ping_pongs']:>5} {r['peak_fast_mb']:>7.1f} "
+            f"{hot:>7} {r['workload_moved_mb']:>8.1f} {r['migrated_mb']:>6.1f} {r['ping_pongs']:>5} "
+            f"{r['peak_fast_mb']:>7.1f} "
             f"{_f(r['mgr_cpu_s'], '.2f'):>6} {_f(r['prof_cpu_s'], '.2f'):>6} "
             f"{_f(r.get('accesses_vs_none'), '.2f'):>7}")
     skipped = [r for r in rows if not r["runnable"]]

@@ -243,9 +243,10 @@ class DamosTiering:
         for key, (mn, mx) in pattern.items():
             self.io.write(f"{s}/access_pattern/{key}/min", mn)
             self.io.write(f"{s}/access_pattern/{key}/max", mx)
-        if self.rate_mb_s:
-            self.io.write(f"{s}/quotas/reset_interval_ms", 1000)
-            self.io.write(f"{s}/quotas/bytes", int(self.rate_mb_s * 2**20))
+        if self.rate_mb_s:  # in 100 ms slices with a time quota: no long migration bursts
+            self.io.write(f"{s}/quotas/reset_interval_ms", 100)
+            self.io.write(f"{s}/quotas/bytes", int(self.rate_mb_s * 2**20 / 10))
+            self.io.write(f"{s}/quotas/ms", 20)
 
     def start(self) -> None:
         _guest_only("DAMOS tiering")
