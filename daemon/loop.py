@@ -339,8 +339,9 @@ class Daemon:
         for pid in sorted(self.targets):
             try:
                 sample = self.profiler.read(pid, reset=True)
-            except Exception:
-                if not self._alive(pid):
+            except Exception as e:
+                # ESRCH: the profiler lost a target that is exiting (not yet a zombie)
+                if not self._alive(pid) or getattr(e, "errno", None) == errno.ESRCH:
                     self.drop(pid)
                     continue
                 raise
@@ -348,6 +349,7 @@ class Daemon:
             st.update(sample, trust_moves=self.trust_moves())
             merge_s += time.process_time() - t_merge
         self._fill_nodes()
+        scan_s = self._profiler_scan_s()
 
         budget, limit = self.budget_pages(), self.rate_pages()
         ctx = Context(fast_node=cfg.fast_node, slow_node=cfg.slow_node, fast_budget=budget,
@@ -417,6 +419,7 @@ class Daemon:
             "merge_s": round(merge_s, 6),  # PageState bookkeeping of the samples
             "decide_s": round(decide_s, 6),
             "cpu_s": round(time.process_time() - cpu0, 6),
+            "profiler_scan_s": scan_s,  # kernel-side scan time so far (kmod), summed over targets
             "wall_s": round(time.monotonic() - wall0, 6),
         }
         for k in ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_pongs",
@@ -425,6 +428,17 @@ class Daemon:
         self.last = stats
         self.history = (self.history + [stats])[-16:]
         return stats
+
+    def _profiler_scan_s(self) -> float:
+        """Seconds the profiler has spent scanning the current targets in the kernel (kmod's
+        ``scan_ns``; 0 for backends that do not count it)."""
+        ns = 0
+        for pid in self.targets:
+            try:
+                ns += int(self.profiler.stats(pid).get("scan_ns", 0))
+            except Exception:  # a target that just exited: no stats
+                continue
+        return round(ns / 1e9, 6)
 
     # ------------------------------------------------------------------ output
     def emit(self, stats: dict) -> None:

@@ -4,8 +4,16 @@
  * touched once. It reports, once a second, the fraction of its accesses that the fast node
  * served, and checksums every page when it ends.
  *
+ * Each tick carries two fractions: "fast_fraction", the share of the hot part's pages on the
+ * fast node at the tick, and "access_fast_fraction", the share of the accesses made since the
+ * last tick that went to pages on the fast node (each page weighted by its own access counter,
+ * word 0, at the node it was on at the tick).
+ *
  * Usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N] [--fast-node N]
- *                [--duration S] [--phase S] [--no-thp] [--quiet]
+ *                [--duration S] [--phase S] [--no-thp] [--quiet] [--wait]
+ *
+ * --wait: after the ready line, wait for SIGUSR1 before the first access (the clock starts then),
+ * so that whatever manages placement can be set up against the touched memory first.
  *
  * Prints one JSON object per line: first {"event":"ready",...} with the buffer and the hot
  * range, then {"event":"tick",...} each second, then {"event":"done",...}. Exits 0 when every
@@ -48,7 +56,7 @@ static inline uint64_t pattern(uint64_t i, uint64_t k)
 static void usage(void)
 {
 	fprintf(stderr, "usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N]\n"
-			"               [--fast-node N] [--duration S] [--phase S] [--no-thp] [--quiet]\n");
+			"               [--fast-node N] [--duration S] [--phase S] [--no-thp] [--quiet] [--wait]\n");
 	exit(2);
 }
 
@@ -66,23 +74,42 @@ static long arg_long(const char *opt, const char *v, long lo, long hi)
 	return x;
 }
 
-/* Fraction of pages [first, first+n) on fast_node, by a move_pages query. */
-static double fraction_on(char *buf, size_t first, size_t n, int fast_node, int *status, void **pages)
+/*
+ * Fraction of pages [first, first+n) on fast_node, by a move_pages query; with ``seen`` (the
+ * pages' access counters at the last tick), also the fraction of the accesses since then that
+ * went to pages on fast_node (*weighted), and ``seen`` is brought up to date.
+ */
+static double fraction_on(char *buf, size_t first, size_t n, int fast_node, int *status, void **pages,
+			  uint64_t *seen, double *weighted)
 {
 	size_t i, on = 0;
+	uint64_t acc_on = 0, acc_all = 0;
 	for (i = 0; i < n; i++)
 		pages[i] = buf + (first + i) * PAGE;
 	if (move_pages(0, n, pages, NULL, status, 0) != 0)
 		return -1;
-	for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++) {
+		uint64_t c = *(volatile uint64_t *)pages[i], d = c - seen[i];
+		seen[i] = c;
 		on += status[i] == fast_node;
+		acc_all += d;
+		acc_on += status[i] == fast_node ? d : 0;
+	}
+	*weighted = acc_all ? (double)acc_on / acc_all : 0;
 	return n ? (double)on / n : 0;
+}
+
+/* The access counters of pages [first, first+n), as the starting point of a tick. */
+static void counters(char *buf, size_t first, size_t n, uint64_t *seen)
+{
+	for (size_t i = 0; i < n; i++)
+		seen[i] = *(volatile uint64_t *)(buf + (first + i) * PAGE);
 }
 
 int main(int argc, char **argv)
 {
 	long size_mb = 256, hot_mb = 32, hot_off_mb = 0, start_node = -1, fast_node = 0;
-	long duration = 30, phase = 0, thp = 1, quiet = 0;
+	long duration = 30, phase = 0, thp = 1, quiet = 0, wait = 0;
 	int i;
 	for (i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -95,6 +122,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--phase")) phase = arg_long(a, v, 0, 1L << 30), i++;
 		else if (!strcmp(a, "--no-thp")) thp = 0;
 		else if (!strcmp(a, "--quiet")) quiet = 1;
+		else if (!strcmp(a, "--wait")) wait = 1;
 		else usage();
 	}
 	if (hot_mb + hot_off_mb > size_mb) {
@@ -131,13 +159,27 @@ int main(int argc, char **argv)
 	signal(SIGINT, on_signal);
 	int *status = calloc(hot_pages, sizeof(int));
 	void **pages = calloc(hot_pages, sizeof(void *));
-	if (!status || !pages) { perror("hotcold: calloc"); return 1; }
+	uint64_t *seen = calloc(hot_pages, sizeof(uint64_t));
+	if (!status || !pages || !seen) { perror("hotcold: calloc"); return 1; }
 	printf("{\"event\":\"ready\",\"pid\":%d,\"addr\":%lu,\"size\":%zu,\"hot_addr\":%lu,\"hot_size\":%zu,"
 	       "\"page_size\":%lu}\n", getpid(), (unsigned long)buf, len,
 	       (unsigned long)(buf + hot_first * PAGE), hot_pages * PAGE, PAGE);
 	fflush(stdout);
+	if (wait) {
+		int sig = 0;
+		sigset_t set;
+		sigemptyset(&set);
+		sigaddset(&set, SIGUSR1);
+		sigaddset(&set, SIGTERM);
+		sigaddset(&set, SIGINT);
+		sigprocmask(SIG_BLOCK, &set, NULL);
+		if (!stop)
+			sigwait(&set, &sig);
+		stop = stop || sig != SIGUSR1;
+		sigprocmask(SIG_UNBLOCK, &set, NULL);
+	}
 
-	double t0 = now(), last = t0, frac_sum = 0;
+	double t0 = now(), last = t0, frac_sum = 0, acc_frac_sum = 0, wf = 0;
 	uint64_t accesses = 0, tick_acc = 0, lcg = 12345;
 	long ticks = 0, cur_phase = 0;
 	while (!stop && (duration == 0 || now() - t0 < duration)) {
@@ -151,18 +193,20 @@ int main(int argc, char **argv)
 		accesses += 4096, tick_acc += 4096;
 		double t = now();
 		if (t - last >= 1.0) {
-			double f = fraction_on(buf, hot_first, hot_pages, fast_node, status, pages);
-			ticks++, frac_sum += f;
+			double f = fraction_on(buf, hot_first, hot_pages, fast_node, status, pages, seen, &wf);
+			ticks++, frac_sum += f, acc_frac_sum += wf;
 			if (!quiet)
 				printf("{\"event\":\"tick\",\"t\":%.2f,\"phase\":%ld,\"hot_addr\":%lu,"
-				       "\"accesses_per_s\":%.0f,\"fast_fraction\":%.4f}\n", t - t0, cur_phase,
-				       (unsigned long)(buf + hot_first * PAGE), tick_acc / (t - last), f);
+				       "\"accesses_per_s\":%.0f,\"fast_fraction\":%.4f,"
+				       "\"access_fast_fraction\":%.4f}\n", t - t0, cur_phase,
+				       (unsigned long)(buf + hot_first * PAGE), tick_acc / (t - last), f, wf);
 			fflush(stdout);
 			tick_acc = 0, last = t;
 			if (phase > 0 && (long)((t - t0) / phase) != cur_phase) {
 				/* the hot part moves to the next window */
 				cur_phase = (long)((t - t0) / phase);
 				hot_first = (hot_first + hot_pages) % (npages - hot_pages + 1);
+				counters(buf, hot_first, hot_pages, seen);
 			}
 		}
 	}
@@ -174,8 +218,9 @@ int main(int argc, char **argv)
 			if (w[k] != pattern(p, k)) { bad++; break; }
 	}
 	printf("{\"event\":\"done\",\"seconds\":%.2f,\"accesses\":%lu,\"mean_fast_fraction\":%.4f,"
-	       "\"pages_checked\":%zu,\"pages_corrupt\":%zu}\n", now() - t0, (unsigned long)accesses,
-	       ticks ? frac_sum / ticks : 0.0, npages, bad);
+	       "\"mean_access_fast_fraction\":%.4f,\"pages_checked\":%zu,\"pages_corrupt\":%zu}\n",
+	       now() - t0, (unsigned long)accesses, ticks ? frac_sum / ticks : 0.0,
+	       ticks ? acc_frac_sum / ticks : 0.0, npages, bad);
 	fflush(stdout);
 	return bad ? 3 : 0;
 }

@@ -51,6 +51,7 @@ class VMResult:
     dmesg: str
     seconds: float
     reports: list[str] = field(default_factory=list)
+    outdir: Path | None = None  # the guest's $PAGETIER_VM_OUT, kept after the run
 
     @property
     def ok(self) -> bool:
@@ -159,7 +160,8 @@ def run(
     elif not kvm_usable():
         raise Unavailable("--kvm asked for, but /dev/kvm is not usable here")
     if hmat:
-        args += ["--disable-microvm", "--qemu-opts", _hmat_opts(fast_mb, slow_mb, cpus)]
+        # "=" form: the value starts with "-", which argparse would take for an option
+        args += ["--disable-microvm", f"--qemu-opts={_hmat_opts(fast_mb, slow_mb, cpus)}"]
     else:
         args += ["--numa", f"{fast_mb}M,cpus=0-{cpus - 1}", "--numa", f"{slow_mb}M"]
     args += ["--exec", f"sh {runner}"]
@@ -195,7 +197,7 @@ def run(
     if not dmesg_file.exists():
         # The guest died before it could write its log: the console output is all there is.
         reports = kernel_reports(output) or ["guest did not finish (no dmesg collected)"]
-    return VMResult(release, command, rc, output, dmesg, elapsed, reports)
+    return VMResult(release, command, rc, output, dmesg, elapsed, reports, outdir)
 
 
 def _hmat_opts(fast_mb: int, slow_mb: int, cpus: int) -> str:

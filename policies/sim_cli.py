@@ -209,8 +209,9 @@ def plot(rows: list[dict], path) -> None:
 
 @click.group("bench")
 def bench():
-    """Compare placement policies: `sim` replays traces in the simulator, `traces` lists the
-    built-in trace set, `costmodel` measures a cost model from two runs of a program."""
+    """Compare placement policies: `sim` replays traces in the simulator, `live` runs them in
+    the test VM against the kernel's own tiering, `traces` lists the built-in trace set,
+    `costmodel` measures a cost model from two runs of a program."""
 
 
 @bench.command("sim")
@@ -415,6 +416,13 @@ def train_rl(traces, output, budget, epochs, population, chunks, history, seed, 
                f"(chunk-level model); wrote {output}")
 
 
+def _add_live() -> None:
+    from pagetier import live_bench
+
+    bench.add_command(live_bench.command, "live")
+
+
+_add_live()
 commands = {"bench": bench, "train-rl": train_rl}
 
 
