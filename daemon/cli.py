@@ -252,6 +252,8 @@ def format_status(doc: dict) -> str:
         f"demoted {tot.get('demoted', 0)} pages, busy {tot.get('busy', 0)}, failed "
         f"{tot.get('failed', 0)}, ping-pongs {tot.get('ping_pongs', 0)}",
     ]
+    if doc.get("control_socket"):
+        lines.append(f"  control socket {doc['control_socket']}")
     if last:
         res = " ".join(f"node{n} {b / mib:.0f}M" for n, b in sorted(last.get("resident", {}).items()))
         lines.append(f"  interval {last['interval']}: fast {last['fast_used'] / mib:.0f} of "

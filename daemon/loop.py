@@ -689,9 +689,13 @@ def human_line(s: dict, fast: int, slow: int) -> str:
     dry = " dry" if s.get("dry_run") else ""
     budget = s["budget"] / MIB
     budget_s = f"{budget:.0f}" if budget < 1 << 30 else "-"
-    line = (f"#{s['interval']:<3d} +{s['promoted'] * 4 // 1024:>4d}M -{s['demoted'] * 4 // 1024:>4d}M"
+    mark = "b" if s.get("boundary") else " "  # a decision at a layer boundary
+    line = (f"#{s['interval']:<3d}{mark}+{s['promoted'] * 4 // 1024:>4d}M -{s['demoted'] * 4 // 1024:>4d}M"
             f"{dry} fast {s['fast_used'] / MIB:.0f}/{budget_s}M n{fast} {f:.0f}M n{slow} {w:.0f}M")
     extra = []
+    layer = s.get("policy", {}).get("layer")
+    if layer is not None:
+        extra.append(f"layer {layer}")
     if s.get("busy"):
         extra.append(f"busy {s['busy']}")
     if s.get("failed"):

@@ -25,6 +25,8 @@ torch is imported by the caller; this module only uses the objects it is given.
 """
 from __future__ import annotations
 
+import warnings
+
 from pagetier import annotate as _annotate
 
 
@@ -60,6 +62,9 @@ def instrument(model, modules: dict | None = None, min_activation_bytes: int = 1
     """Hook ``model`` (a torch.nn.Module); ``modules``: name -> module to hook instead of the
     leaf modules with parameters."""
     ann = annotator or _annotate._default
+    # the first layer's input needs no gradient: its backward pre-hook still marks the layer
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are "
+                            "computed with respect to module outputs")
     inst = Instrumented(ann)
     if modules is None:
         modules = {name: m for name, m in model.named_modules()

@@ -59,15 +59,22 @@ def lines(stdout: str) -> tuple[list[dict], list[dict]]:
     return stats, events
 
 
-def test_sentinel_trains_the_pytorch_example(run_dir):
-    budget = 40 * MIB
-    cmd = [*PAGETIER, "run", "--json", "--policy", "sentinel", "--fast-budget", "40M",
-           "--interval", "1", "--profiler", "kmod", "--profiler-option", "scan_period_ms=100",
+@pytest.mark.parametrize("framework,budget_mib", [
+    ("numpy", 24),
+    # torch's import alone takes 3-10 minutes in the emulated guest: not in the default run
+    pytest.param("torch", 40, marks=pytest.mark.long),
+])
+def test_sentinel_trains_the_example(run_dir, framework, budget_mib):
+    """The example trains to the end under sentinel, within the budget, and its tensors move
+    at layer boundaries."""
+    budget = budget_mib * MIB
+    cmd = [*PAGETIER, "run", "--json", "--policy", "sentinel", "--fast-budget", f"{budget_mib}M",
+           "--interval", "1", "--profiler", "kmod", "--profiler-option", "scan_period_ms=200",
            "--", "numactl", "--preferred=1", sys.executable, str(REPO / "scripts/sentinel_example.py"),
-           "--steps", "6", "--width", "1024", "--depth", "4", "--batch", "32"]
+           "--framework", framework, "--steps", "5", "--batch", "32"]
     env = {**os.environ, "PAGETIER_RUN_DIR": str(run_dir)}
     t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
     wall = time.monotonic() - t0
     stats, events = lines(r.stdout)
     why = f"stderr: {r.stderr[-3000:]}\nevents: {events}"
@@ -76,7 +83,7 @@ def test_sentinel_trains_the_pytorch_example(run_dir):
     steps = [e for e in events if e["event"] == "step"]
     done = [e for e in events if e["event"] == "done"]
     assert start and start[0]["annotations"] is True, why  # it reached the daemon
-    assert done and len(steps) == 6, why
+    assert done and len(steps) == 5, why
     losses = [s["loss"] for s in steps]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
     assert stats and all(s["fast_used"] <= budget == s["budget"] for s in stats), \
@@ -86,15 +93,15 @@ def test_sentinel_trains_the_pytorch_example(run_dir):
     moved = [s for s in active if s["promoted"] + s["demoted"] > 0]
     summary = [(s["policy"].get("layer"), s["promoted"], s["demoted"], s["policy"].get("objects_moved"))
                for s in active]
-    print(f"sentinel example: {wall:.0f} s in all, import {start[0]['import_s']} s, steps "
-          f"{[s['s'] for s in steps]} s, {len(boundary)} boundary steps, {len(moved)} moved pages; "
-          f"param nodes per step {[s['param_nodes'] for s in steps]}\n(layer, promoted, demoted, "
-          f"objects moved): {summary}")
+    print(f"sentinel {framework} example: {wall:.0f} s in all, setup {start[0]['setup_s']} s, "
+          f"steps {[s['s'] for s in steps]} s, {len(stats)} stats lines, {len(boundary)} at "
+          f"boundaries, {len(moved)} of them moved pages; parameters' nodes per step "
+          f"{[s['param_nodes'] for s in steps]}\n(layer, promoted, demoted, objects moved): {summary}")
+    assert "profile of 8 layers" in r.stderr, why  # 4 Linear layers, forward and backward
     assert active, f"no boundary step in active mode: {why}"
     assert active[-1]["policy"]["profiled"] > 0, active[-1]["policy"]
     assert {s["policy"]["layer"] for s in active} >= {"fwd:0", "bwd:0"}, summary
-    assert moved and any(s["policy"]["objects_moved"] > 0 for s in moved), summary
-    assert "profile of 16 layers" in r.stderr, why
+    assert any(s["policy"]["objects_moved"] > 0 for s in moved), summary
 
 
 CLIENT = textwrap.dedent("""
