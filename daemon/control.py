@@ -8,8 +8,8 @@ connect; every request is authorized from the peer's kernel-reported credentials
 - annotations (``hello``, ``start_profile``, ``end_profile``, ``add_layer``, ``register``,
   ``unregister``; see pagetier/annotate.py) apply only to the calling process itself, which must
   be one of the daemon's targets;
-- ``attach`` / ``detach`` of a PID: only by root or by a user whose uid is the target's real
-  uid (the rule ptrace and kill use for unprivileged users);
+- ``attach`` / ``detach`` of a PID: only by root or by the user every uid of the process
+  (real, effective, saved) is (ptrace's rule for unprivileged users: not a setuid program);
 - ``status``: anyone, showing only the targets the caller owns (all of them to root).
 
 One request per line, a JSON object with ``op``; one reply per line, ``{"ok": true, ...}`` or
@@ -72,25 +72,33 @@ def peer_cred(sock: socket.socket) -> Peer:
     return Peer(pid, uid, gid)
 
 
-def real_uid(pid: int) -> int | None:
-    """The real uid of ``pid`` (from /proc/PID/status), None when there is no such process."""
+def uids(pid: int) -> tuple[int, ...] | None:
+    """(real, effective, saved, filesystem) uids of ``pid``, None when there is no such process."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("Uid:"):
-                    return int(line.split()[1])
+                    return tuple(int(x) for x in line.split()[1:5])
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
 
 
+def owner(pid: int) -> int | None:
+    """The real uid of ``pid``."""
+    u = uids(pid)
+    return u[0] if u else None
+
+
 def may_manage(peer: Peer, pid: int) -> None:
-    """Raise RequestError unless ``peer`` may have the daemon attach to or detach ``pid``."""
-    uid = real_uid(pid)
-    if uid is None:
+    """Raise RequestError unless ``peer`` may have the daemon attach to or detach ``pid``: root
+    may; another user only if every uid of the process is theirs (ptrace's rule: not a setuid
+    program they started)."""
+    u = uids(pid)
+    if u is None:
         raise RequestError(f"no such process: {pid}")
-    if peer.uid != 0 and uid != peer.uid:
-        raise RequestError(f"permission denied: pid {pid} belongs to uid {uid}, you are uid "
+    if peer.uid != 0 and any(x != peer.uid for x in u):
+        raise RequestError(f"permission denied: pid {pid} belongs to uid {u[0]}, you are uid "
                            f"{peer.uid} (only root or the process's owner may attach or detach it)")
 
 

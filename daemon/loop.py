@@ -593,7 +593,7 @@ class Daemon:
         if op == "status":
             doc = self.status_doc()
             if peer.uid != 0:
-                doc["targets"] = [t for t in doc["targets"] if control.real_uid(t["pid"]) == peer.uid]
+                doc["targets"] = [t for t in doc["targets"] if control.owner(t["pid"]) == peer.uid]
                 doc.pop("config", None)
                 doc.pop("last", None)
                 doc.pop("totals", None)

@@ -47,6 +47,7 @@ class Annotator:
         self.reason = ""
         self._buf = b""
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     # ------------------------------------------------------------------ plumbing
     def _disable(self, why: str) -> None:
@@ -100,6 +101,10 @@ class Annotator:
         """Send ``req``; its reply (None when disabled or not waiting). Never raises for the
         daemon's sake: a lost daemon disables this annotator with one warning."""
         with self._lock:
+            if self._pid != os.getpid():  # a forked child: its own connection, its own hello
+                if self.sock is not None:
+                    self.sock.close()
+                self.sock, self.enabled, self._buf, self._pid = None, None, b"", os.getpid()
             if self.enabled is False:
                 return None
             if self.enabled is None and not self._connect():

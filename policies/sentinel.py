@@ -43,6 +43,7 @@ from pagetier.profiler.base import PAGE_SIZE
 log = logging.getLogger("pagetier.policies")
 
 _INF = np.iinfo(np.int64).max // 4
+MAX_OBJECTS = 1 << 16  # per process: more registrations are ignored (the daemon's memory)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class _Target:
     pos: int = -1  # current position in the period, -1: not started
     boundaries: int = 0  # add_layer events matched against the profile
     unknown_layers: set = field(default_factory=set)
+    overflow: bool = False  # registrations past MAX_OBJECTS were ignored
 
     @property
     def active(self) -> bool:
@@ -128,6 +130,12 @@ class Sentinel(Policy):
     def annotate(self, ev: Annotation) -> bool:
         t = self.targets.setdefault(ev.pid, _Target())
         if ev.op == "register":
+            if len(t.objects) >= MAX_OBJECTS and ev.name not in t.objects:
+                if not t.overflow:
+                    t.overflow = True
+                    log.warning("sentinel: pid %d registered over %d objects: the rest are ignored",
+                                ev.pid, MAX_OBJECTS)
+                return False
             t.objects[ev.name] = (int(ev.addr), int(ev.size))
         elif ev.op == "unregister":
             t.objects.pop(ev.name, None)

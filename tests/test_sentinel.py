@@ -385,3 +385,21 @@ def test_client_without_daemon_is_a_noop(tmp_path):
         a.register("w", 4096, 4096)
         a.end_profile()
     assert a.enabled is False and not a.profiling
+
+
+def test_object_count_is_bounded(monkeypatch):
+    from pagetier.policies import sentinel
+
+    monkeypatch.setattr(sentinel, "MAX_OBJECTS", 3)
+    pol = policies.create("sentinel")
+    for i in range(5):
+        pol.annotate(Annotation(PID, "register", name=f"o{i}", addr=4096 * i, size=4096))
+    pol.annotate(Annotation(PID, "register", name="o0", addr=0, size=8192))  # moving one: fine
+    assert pol.targets[PID].objects == {"o0": (0, 8192), "o1": (4096, 4096), "o2": (8192, 4096)}
+
+
+def test_setuid_process_is_not_the_users(monkeypatch):
+    monkeypatch.setattr(control, "uids", lambda pid: (1000, 0, 0, 0))  # a setuid-root program
+    with pytest.raises(control.RequestError, match="permission denied"):
+        control.may_manage(control.Peer(1, 1000, 1000), 4242)
+    control.may_manage(control.Peer(1, 0, 0), 4242)
