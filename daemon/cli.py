@@ -4,6 +4,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -144,8 +145,12 @@ def run_cmd(cmd, **kw):
     # numa_balancing off before the command first touches its memory
     try:
         daemon.numab.disable()
+        daemon.open_control()  # before the command starts: it may annotate itself at once
+        env = dict(os.environ)
+        if daemon.control is not None:
+            env["PAGETIER_SOCKET"] = str(daemon.control.path)  # pagetier.annotate finds it
         try:
-            child = subprocess.Popen(list(cmd))
+            child = subprocess.Popen(list(cmd), env=env)
         except OSError as e:
             raise PagetierError(f"cannot start {cmd[0]}: {e.strerror}")
         daemon.child = child
@@ -161,6 +166,7 @@ def run_cmd(cmd, **kw):
                 ch.kill()
         daemon.profiler.close()
         daemon.numab.restore()
+        daemon.close_control()
         raise
     sys.exit(rc)
 
@@ -246,6 +252,8 @@ def format_status(doc: dict) -> str:
         f"demoted {tot.get('demoted', 0)} pages, busy {tot.get('busy', 0)}, failed "
         f"{tot.get('failed', 0)}, ping-pongs {tot.get('ping_pongs', 0)}",
     ]
+    if doc.get("control_socket"):
+        lines.append(f"  control socket {doc['control_socket']}")
     if last:
         res = " ".join(f"node{n} {b / mib:.0f}M" for n, b in sorted(last.get("resident", {}).items()))
         lines.append(f"  interval {last['interval']}: fast {last['fast_used'] / mib:.0f} of "

@@ -35,6 +35,7 @@ class Config:
     log_file: str | None = None
     json: bool = False  # one JSON stats line per interval on stdout
     ping_pong_window: int = 4  # a unit moved back within this many intervals is a ping-pong
+    control_socket: str | None = None  # default: $PAGETIER_SOCKET, else run_dir()/control.sock
     source: str = field(default="defaults", compare=False)  # where the values came from
 
     def check(self) -> None:
@@ -69,6 +70,7 @@ _TYPES = {
     "log_file": ((str,), "a string"),
     "json": ((bool,), "true or false"),
     "ping_pong_window": ((int,), "an integer"),
+    "control_socket": ((str,), "a path"),
 }
 KEYS = tuple(_TYPES)
 

@@ -13,6 +13,12 @@ One interval (:meth:`Daemon.step`):
 6. a stats dict, printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
+Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
+status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
+policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
+the policy asks (a layer boundary), the daemon decides and moves at once, without waiting for
+the next interval: a *boundary step* (no profiler read; the interval's rate limit is shared).
+
 Targets that exit are detached and dropped. SIGTERM/SIGINT stop the loop cleanly (the profiler
 detached, numa_balancing restored); SIGHUP reloads the configuration.
 """
@@ -95,7 +101,8 @@ class Daemon:
                  numab: NumaBalancing | bool | None = None, duration: float | None = None,
                  out=None, config_path=None, overrides: dict | None = None,
                  status_path: str | os.PathLike | None = None, handle_signals: bool = True,
-                 node_root: Path = config_mod.NODE_ROOT, state: PageState | None = None):
+                 node_root: Path = config_mod.NODE_ROOT, state: PageState | None = None,
+                 control_path: str | os.PathLike | bool | None = None):
         self.cfg = cfg
         self.config_path, self.overrides = config_path, overrides
         self.profiler = profiler if profiler is not None else create_profiler(cfg)
@@ -124,6 +131,11 @@ class Daemon:
         self.started = time.time()
         self._t0 = time.monotonic()
         self.last: dict | None = None
+        # control socket: None -> cfg.control_socket or the default; False -> none
+        self.control_path = control_path
+        self.control = None
+        self._boundary = False  # the policy asked for a decision now
+        self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
 
     # ------------------------------------------------------------------ targets
     def _alive(self, pid: int) -> bool:
@@ -329,29 +341,39 @@ class Daemon:
             st.node[sel] = np.where(nodes >= 0, nodes, -1).astype(np.int8)
 
     # ------------------------------------------------------------------ one interval
-    def step(self) -> dict:
+    def read_target(self, pid: int) -> float:
+        """Read ``pid``'s counts into the state and show them to the policy; the merge time."""
+        try:
+            sample = self.profiler.read(pid, reset=True)
+        except Exception as e:
+            # ESRCH: the profiler lost a target that is exiting (not yet a zombie)
+            if not self._alive(pid) or getattr(e, "errno", None) == errno.ESRCH:
+                self.drop(pid)
+                return 0.0
+            raise
+        t_merge = time.process_time()
+        self.state.update(sample, trust_moves=self.trust_moves())
+        merge_s = time.process_time() - t_merge
+        self.policy.observe(pid, sample)
+        return merge_s
+
+    def step(self, boundary: bool = False) -> dict:
+        """One interval; ``boundary``: a decision the policy asked for between intervals (no
+        profiler read, the same interval number, what is left of the interval's rate limit)."""
         from pagetier.policies import Context
 
         cpu0, wall0 = time.process_time(), time.monotonic()
         cfg, st = self.cfg, self.state
-        st.begin_interval()
         merge_s = 0.0
-        for pid in sorted(self.targets):
-            try:
-                sample = self.profiler.read(pid, reset=True)
-            except Exception as e:
-                # ESRCH: the profiler lost a target that is exiting (not yet a zombie)
-                if not self._alive(pid) or getattr(e, "errno", None) == errno.ESRCH:
-                    self.drop(pid)
-                    continue
-                raise
-            t_merge = time.process_time()
-            st.update(sample, trust_moves=self.trust_moves())
-            merge_s += time.process_time() - t_merge
+        if not boundary:
+            st.begin_interval()
+            self._interval_moved = 0
+            for pid in sorted(self.targets):
+                merge_s += self.read_target(pid)
         self._fill_nodes()
         scan_s = self._profiler_scan_s()
 
-        budget, limit = self.budget_pages(), self.rate_pages()
+        budget, limit = self.budget_pages(), max(0, self.rate_pages() - self._interval_moved)
         ctx = Context(fast_node=cfg.fast_node, slow_node=cfg.slow_node, fast_budget=budget,
                       max_moves=limit, interval=st.interval, now=time.monotonic() - self._t0,
                       interval_s=cfg.interval)
@@ -386,6 +408,8 @@ class Daemon:
             st.forget(np.concatenate(forget))
         for pid in gone_pids:
             self.drop(pid)
+        if not cfg.dry_run:
+            self._interval_moved += demoted_pages + promoted_pages
 
         resident: dict[str, int] = {}
         if len(st):
@@ -396,6 +420,7 @@ class Daemon:
         fast_used_b = st.pages_on(cfg.fast_node) * PAGE_SIZE
         stats = {
             "interval": st.interval,
+            "boundary": boundary,
             "t": round(time.monotonic() - self._t0, 3),
             "targets": len(self.targets),
             "units": len(st),
@@ -449,8 +474,8 @@ class Daemon:
         self.out.write(line + "\n")
         self.out.flush()
 
-    def write_status(self) -> None:
-        doc = {
+    def status_doc(self) -> dict:
+        return {
             "pid": os.getpid(),
             "started": self.started,
             "updated": time.time(),
@@ -460,7 +485,11 @@ class Daemon:
             "cgroup": str(self.cgroup) if self.cgroup else None,
             "totals": self.totals,
             "last": self.last,
+            "control_socket": str(self.control.path) if self.control else None,
         }
+
+    def write_status(self) -> None:
+        doc = self.status_doc()
         try:
             self.status_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.status_path.with_suffix(".tmp")
@@ -506,19 +535,102 @@ class Daemon:
         return old
 
     def _wait(self, until: float) -> None:
+        """Serve the control socket until ``until`` (at least once, even when late)."""
         while self.stop_reason is None and self._signal is None:
             left = until - time.monotonic()
+            self._serve(min(0.05, max(0.0, left)))
             if left <= 0:
                 return
             if self.child is not None and self.child.poll() is not None:
                 return
-            time.sleep(min(0.05, left))
+
+    # ------------------------------------------------------------------ control socket
+    def open_control(self) -> None:
+        """Listen on the control socket (a warning, not an error, when that is impossible)."""
+        from pagetier.daemon import control
+
+        if self.control is not None or self.control_path is False:
+            return
+        explicit = self.control_path or self.cfg.control_socket
+        path = Path(explicit) if explicit else control.default_path()
+        try:
+            self.control = control.ControlServer(path, self._control_request)
+        except ConfigError as e:
+            if explicit or "another pagetier daemon" not in str(e):
+                log.warning("%s: no annotations, attach or status requests", e)
+                return
+            alt = path.with_name(f"control-{os.getpid()}.sock")  # a second daemon
+            try:
+                self.control = control.ControlServer(alt, self._control_request)
+            except ConfigError as e2:
+                log.warning("%s: no annotations, attach or status requests", e2)
+                return
+        log.info("control socket %s", self.control.path)
+
+    def close_control(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+
+    def _serve(self, timeout: float) -> None:
+        if self.control is None:
+            time.sleep(timeout)
+            return
+        self.control.poll(timeout)
+        if self._boundary and self.targets:
+            self._boundary = False
+            stats = self.step(boundary=True)
+            self.emit(stats)
+
+    def _control_request(self, peer, req: dict) -> dict | None:
+        """Answer one control request (daemon/control.py authenticated ``peer``)."""
+        from pagetier.daemon import control
+
+        op = req["op"]
+        if op in control.ANNOTATION_OPS:
+            pid = req.get("pid", peer.pid)
+            if pid != peer.pid:
+                raise control.RequestError(f"{op}: annotations apply to the calling process only "
+                                           f"(pid {peer.pid}), not to pid {pid}")
+            if pid not in self.targets:
+                raise control.RequestError(f"pid {pid} is not managed by this pagetier daemon "
+                                           f"(start it with `pagetier run` or attach it first)")
+            if op == "hello":
+                return {"pid": pid, "policy": self.policy.name,
+                        "annotations": bool(self.policy.accepts_annotations)}
+            ev = control.annotation(pid, req)
+            if op in ("add_layer", "end_profile") and self.policy.wants_samples(pid):
+                self.read_target(pid)  # the counts of the layer that just ended
+            if self.policy.annotate(ev):
+                self._boundary = True
+            return None
+        if op == "status":
+            doc = self.status_doc()
+            if peer.uid != 0:
+                doc["targets"] = [t for t in doc["targets"] if control.owner(t["pid"]) == peer.uid]
+                doc.pop("config", None)
+                doc.pop("last", None)
+                doc.pop("totals", None)
+            return {"status": json.loads(json.dumps(doc, default=_jsonable))}
+        pid = control._pid_arg(req)
+        control.may_manage(peer, pid)
+        if op == "attach":
+            try:
+                self.attach(pid)
+            except (PagetierError, OSError) as e:
+                raise control.RequestError(f"attach {pid}: {e}") from None
+            return {"pid": pid}
+        if pid not in self.targets:
+            raise control.RequestError(f"detach: pid {pid} is not managed by this daemon")
+        self.drop(pid, f"detached at the request of pid {peer.pid}")
+        return {"pid": pid}
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         """Manage until done; the exit status: the child's (128+signal if killed), else 0."""
         old = self._install_signals()
         try:
+            self.open_control()
             if self.numab is not None:
                 self.numab.disable()
             for pid in self._initial:
@@ -559,6 +671,7 @@ class Daemon:
                         self.numab.restore()
                 finally:
                     self.status_path.unlink(missing_ok=True)
+                    self.close_control()
                     for sig, h in old.items():
                         signal.signal(sig, h)
         return self._finish_child()
@@ -590,9 +703,13 @@ def human_line(s: dict, fast: int, slow: int) -> str:
     dry = " dry" if s.get("dry_run") else ""
     budget = s["budget"] / MIB
     budget_s = f"{budget:.0f}" if budget < 1 << 30 else "-"
-    line = (f"#{s['interval']:<3d} +{s['promoted'] * 4 // 1024:>4d}M -{s['demoted'] * 4 // 1024:>4d}M"
+    mark = "b" if s.get("boundary") else " "  # a decision at a layer boundary
+    line = (f"#{s['interval']:<3d}{mark}+{s['promoted'] * 4 // 1024:>4d}M -{s['demoted'] * 4 // 1024:>4d}M"
             f"{dry} fast {s['fast_used'] / MIB:.0f}/{budget_s}M n{fast} {f:.0f}M n{slow} {w:.0f}M")
     extra = []
+    layer = s.get("policy", {}).get("layer")
+    if layer is not None:
+        extra.append(f"layer {layer}")
     if s.get("busy"):
         extra.append(f"busy {s['busy']}")
     if s.get("failed"):

@@ -26,6 +26,7 @@ _POLICY_MODULES = {
     "lru": "pagetier.policies.baselines",
     "heat-classes": "pagetier.policies.baselines",
     "rl": "pagetier.policies.rl",
+    "sentinel": "pagetier.policies.sentinel",
 }
 
 
@@ -88,6 +89,23 @@ class Context:
 
 
 @dataclass
+class Annotation:
+    """What an application told the daemon about itself (pagetier/annotate.py), one event.
+
+    op: ``start_profile``, ``end_profile``, ``add_layer`` (``layer``: the layer starting now),
+    ``register`` (``name``, ``addr``, ``size`` in bytes: an object, e.g. a tensor) or
+    ``unregister`` (``name``).
+    """
+
+    pid: int
+    op: str
+    layer: str | None = None
+    name: str | None = None
+    addr: int = 0
+    size: int = 0
+
+
+@dataclass
 class Decision:
     promote: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # unit indices
     demote: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -106,3 +124,18 @@ class Policy(ABC):
 
     @abstractmethod
     def decide(self, state, ctx: Context) -> Decision: ...
+
+    # Annotations. The daemon (and a simulation) calls these in the order things happen:
+    # ``observe`` with every profiler sample it reads, ``annotate`` with every event.
+    accepts_annotations = False  # False: applications need not send any
+
+    def annotate(self, event: Annotation) -> bool:
+        """An application's event; True asks for a decision now (e.g. at a layer boundary)."""
+        return False
+
+    def wants_samples(self, pid: int) -> bool:
+        """True: read ``pid``'s counts at each of its ``add_layer`` events (and ``observe`` them)."""
+        return False
+
+    def observe(self, pid: int, sample) -> None:
+        """A profiler sample of ``pid`` (counts since the previous one) the daemon just read."""

@@ -292,8 +292,14 @@ def _placed(st: PageState, sample: Sample, placement: str, capacity: int) -> Sam
 
 
 def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
-             name: str | None = None) -> SimResult:
-    """Replay ``frames`` through ``policy`` (a Policy, or a name for ``policies.create``)."""
+             name: str | None = None, events: dict | None = None) -> SimResult:
+    """Replay ``frames`` through ``policy`` (a Policy, or a name for ``policies.create``).
+
+    ``events``: frame index -> list of policies.Annotation, delivered (``policy.annotate``)
+    after that frame's samples (which the policy ``observe``s, as in the daemon) and before its
+    decision: an application's annotations at the end of that interval, e.g. the next layer's
+    ``add_layer`` when each frame is one layer.
+    """
     cfg.check()
     if not isinstance(policy, Policy):
         name = name or str(policy)
@@ -313,6 +319,7 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
         for pid in sorted(samples):
             s = _placed(st, samples[pid], cfg.placement, cfg.capacity)
             st.update(s)
+            policy.observe(int(pid), s)
             c = s.count.astype(np.int64)
             on_fast = s.node == FAST
             fast_acc += int(c[on_fast].sum())
@@ -330,6 +337,8 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
         if k == len(frames) - 1:  # the program has ended: moves now would serve nothing
             res.timeline.append((fast_acc / tot if tot else 1.0, acc_s))
             break
+        for ev in (events or {}).get(k, ()):
+            policy.annotate(ev)
         ctx = Context(fast_node=FAST, slow_node=SLOW, fast_budget=int(cfg.capacity),
                       max_moves=limit, interval=st.interval, now=float(t) - t0,
                       interval_s=interval_s)

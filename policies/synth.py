@@ -141,3 +141,46 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 def from_spec(spec: str) -> list:
     pattern, params = parse_spec(spec)
     return generate(pattern, **params)
+
+
+def layered(objects: int = 6, object_pages: int = 32, iterations: int = 5, profile: int = 1,
+            runtime_pages: int = 8, count: int = 10, pid: int = 1000, interval_s: float = 0.1):
+    """A training-like trace with its annotations, one frame per layer: ``(frames, events)``.
+
+    Object i (``object_pages`` pages, the weights of layer i) is accessed in forward layer
+    ``fwd:i`` and again in ``bwd:i``; an iteration runs fwd:0..n-1 then bwd:n-1..0. A small
+    ``runtime_pages`` region (the interpreter's memory) is accessed in every layer. ``events``
+    (frame index -> Annotations, as ``simulate(..., events=)`` takes them): every object
+    registered after the first frame, ``add_layer`` at the end of each frame for the next
+    layer, and iteration ``profile`` bracketed by ``start_profile`` / ``end_profile``.
+    """
+    from pagetier.policies.base import Annotation
+
+    n = objects
+    per_iter = 2 * n
+    names = [f"fwd:{i}" for i in range(n)] + [f"bwd:{i}" for i in reversed(range(n))]
+    obj_base = BASE + runtime_pages * PAGE_SIZE
+    runtime = BASE + np.arange(runtime_pages, dtype=np.uint64) * np.uint64(PAGE_SIZE)
+    frames, events = [], {}
+    for f in range(iterations * per_iter):
+        p = f % per_iter
+        i = p if p < n else per_iter - 1 - p
+        lo = obj_base + i * object_pages * PAGE_SIZE
+        addr = np.concatenate([runtime, lo + np.arange(object_pages, dtype=np.uint64) * np.uint64(PAGE_SIZE)])
+        samp = Sample(pid=pid, addr=addr, count=np.full(len(addr), count, np.uint32),
+                      node=np.full(len(addr), -1, np.int16), npages=np.ones(len(addr), np.uint16),
+                      complete=False)
+        frames.append((f, f * interval_s, {pid: samp}))
+        ev = []
+        if f == 0:
+            ev += [Annotation(pid, "register", name=f"w{j}",
+                              addr=obj_base + j * object_pages * PAGE_SIZE,
+                              size=object_pages * PAGE_SIZE) for j in range(n)]
+        nxt = f + 1
+        if nxt % per_iter == 0 and nxt // per_iter == profile + 1:
+            ev.append(Annotation(pid, "end_profile"))
+        if nxt % per_iter == 0 and nxt // per_iter == profile:
+            ev.append(Annotation(pid, "start_profile"))
+        ev.append(Annotation(pid, "add_layer", layer=names[nxt % per_iter]))
+        events[f] = ev
+    return frames, events
