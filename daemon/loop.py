@@ -9,11 +9,13 @@ One interval (:meth:`Daemon.step`):
    coldest first), then the promotions that fit in the budget left and the rate left — the
    daemon enforces both whatever the policy returns;
 5. the moves (``mover.move``; nothing in a dry run), recorded in the state; units whose pages
-   are gone are forgotten, a full node (ENOMEM) ends this interval's moves;
+   are gone are forgotten, a full node (ENOMEM) ends this interval's moves, units whose move
+   failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
 6. a stats dict, printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
-Targets that exit are detached and dropped. SIGTERM/SIGINT stop the loop cleanly (the profiler
+Targets that exit are detached and dropped; a live target the profiler fails to read is
+attached again (once per failure; dropped if that fails too). SIGTERM/SIGINT stop the loop cleanly (the profiler
 detached, numa_balancing restored); SIGHUP reloads the configuration.
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pagetier.profiler.base import PAGE_SIZE
 log = logging.getLogger("pagetier.daemon")
 
 MIB = 1 << 20
+STUCK_RETRY = 32  # intervals before units whose move failed for good (EACCES...) are tried again
 
 
 def _jsonable(o):
@@ -124,6 +127,7 @@ class Daemon:
         self.started = time.time()
         self._t0 = time.monotonic()
         self.last: dict | None = None
+        self._full: set[int] = set()  # nodes that answered ENOMEM last time
 
     # ------------------------------------------------------------------ targets
     def _alive(self, pid: int) -> bool:
@@ -223,14 +227,14 @@ class Daemon:
         n = len(st)
         promote = _unique_in_order(promote, n)
         demote = _unique_in_order(demote, n)
-        demote = demote[(st.node[demote] != slow) & (st.node[demote] >= 0)]
+        demote = demote[(st.node[demote] != slow) & (st.node[demote] >= 0) & ~st.stuck(demote)]
         demote = demote[~np.isin(demote, promote)]
         demote = _fit(demote, st.npages, limit)
         used = st.pages_on(fast) - int(st.npages[demote].sum(dtype=np.int64))
         forced = demote[:0]
         if used > budget:
             cand = np.flatnonzero(st.node == fast)
-            cand = cand[~np.isin(cand, demote) & ~np.isin(cand, promote)]
+            cand = cand[~np.isin(cand, demote) & ~np.isin(cand, promote) & ~st.stuck(cand)]
             order = np.lexsort((st.last_access[cand], st.heat[cand]))
             cand = cand[order]
             c = np.cumsum(st.npages[cand].astype(np.int64))
@@ -243,7 +247,7 @@ class Daemon:
         """The policy's promotions, in its order, that fit in the budget and in ``limit``."""
         st = self.state
         promote = _unique_in_order(promote, len(st))
-        promote = promote[st.node[promote] != self.cfg.fast_node]
+        promote = promote[(st.node[promote] != self.cfg.fast_node) & ~st.stuck(promote)]
         return _fit(promote, st.npages, min(limit, budget - fast_used))
 
     # ------------------------------------------------------------------ moving
@@ -283,14 +287,28 @@ class Daemon:
             acc["busy"] += int(st.npages[sel[res.busy]].sum(dtype=np.int64))
             acc["failed"] += int(st.npages[sel[res.failed]].sum(dtype=np.int64))
             acc["nomem"] += int(st.npages[sel[res.nomem]].sum(dtype=np.int64))
+            st.mark_stuck(sel[res.failed])
             acc["gone"] += len(res.gone)
             forget.append(sel[res.gone])
             for k, v in res.errors.items():
                 acc["errors"][k] = acc["errors"].get(k, 0) + v
             if res.stopped:
+                self._node_full(node, True)
                 ok = False
                 break
+        if ok and acc["moved_pages"]:
+            self._node_full(node, False)
         return ok
+
+    def _node_full(self, node: int, full: bool) -> None:
+        """Log when ``node`` fills up (move_pages: ENOMEM) and when it has room again."""
+        if full and node not in self._full:
+            self._full.add(node)
+            log.warning("node %d is full (move_pages: ENOMEM): moves to it wait until it has "
+                        "free memory", node)
+        elif not full and node in self._full:
+            self._full.discard(node)
+            log.info("node %d has free memory again: moves to it resumed", node)
 
     def _target_gone(self, pid: int, e: "mover_mod.MoveError") -> bool | None:
         """A whole-call move_pages error: True when the target exited (ESRCH, or EINVAL once
@@ -335,15 +353,21 @@ class Daemon:
         cpu0, wall0 = time.process_time(), time.monotonic()
         cfg, st = self.cfg, self.state
         st.begin_interval()
+        if st.interval % STUCK_RETRY == 0:
+            st.unstick()
         merge_s = 0.0
         for pid in sorted(self.targets):
             try:
                 sample = self.profiler.read(pid, reset=True)
-            except Exception:
+            except (PagetierError, OSError) as e:
                 if not self._alive(pid):
                     self.drop(pid)
                     continue
-                raise
+                # e.g. detached behind our back: start over with this target
+                log.warning("pid %d: profiler read failed (%s): attaching again", pid, e)
+                self.drop(pid, "could not be read")
+                self.attach(pid, strict=False)
+                continue
             t_merge = time.process_time()
             st.update(sample, trust_moves=self.trust_moves())
             merge_s += time.process_time() - t_merge
