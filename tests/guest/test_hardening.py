@@ -124,6 +124,30 @@ def rmmod_under_load() -> None:
     kmod.load_module()
 
 
+def test_closing_the_descriptor_detaches():
+    """Targets attached through a descriptor are detached when it is closed, or when the
+    process holding it is killed: nothing stays marked behind a dead profiler."""
+    with Workload("--size", "32", "--hot", "8", "--duration", "0", "--quiet") as w:
+        dev = kmod.Device()
+        dev.attach(w.pid, "fault", scan_period_ms=50)
+        dev.close()
+        assert (kmod.SYSFS / "targets").read_text() == ""
+        holder = subprocess.Popen(
+            ["python3", "-c", "import sys, time; from pagetier.profiler import kmod\n"
+             f"kmod.Device().attach({w.pid}, 'fault', scan_period_ms=50)\n"
+             "print('attached', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "attached"
+        assert (kmod.SYSFS / "targets").read_text().startswith(f"{w.pid} fault")
+        time.sleep(0.3)
+        holder.kill()
+        holder.wait()
+        assert (kmod.SYSFS / "targets").read_text() == ""
+        f0 = vmstat("numa_hint_faults")
+        time.sleep(0.5)
+        assert vmstat("numa_hint_faults") == f0, "pages left marked after the holder died"
+        assert w.stop() == 0
+
+
 def _pointers(rng, good: int) -> list[int]:
     return [0, 1, 8, good, good + 3, good + 4095, 0xFFFF_FFFF_FFFF_F000, 0xFFFF_8880_0000_0000,
             0xFFFF_FFFF_8100_0000, 0x7FFF_FFFF_F000, (1 << 63) | rng.getrandbits(63)]
