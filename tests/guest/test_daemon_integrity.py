@@ -29,11 +29,14 @@ def kmod_loaded():
     yield
 
 
-def drive_migrations(tmp_path, mode: str, thp: bool, pages: int, timeout: float) -> dict:
-    args = ["run", "--json", "--fast-budget", "16M", "--interval", "0.5", "--rate", "0",
+def drive_migrations(tmp_path, mode: str, thp: bool, pages: int, timeout: float,
+                     size: int = 64, hot: int = 24, budget: int = 16) -> dict:
+    """hotcold of ``size`` MiB with a ``hot`` MiB window moving every 2 s, a fast budget of
+    ``budget`` MiB: run until the daemon has moved ``pages`` pages, then check the memory."""
+    args = ["run", "--json", "--fast-budget", f"{budget}M", "--interval", "0.5", "--rate", "0",
             "--profiler-option", f"mode={mode}", "--profiler-option", "scan_period_ms=100",
-            "--", str(binary()), "--size", "64", "--hot", "24", "--phase", "2", "--start-node",
-            "1", "--duration", "0", "--quiet", *([] if thp else ["--no-thp"])]
+            "--", str(binary()), "--size", str(size), "--hot", str(hot), "--phase", "2",
+            "--start-node", "1", "--duration", "0", "--quiet", *([] if thp else ["--no-thp"])]
     mig0 = vmstat("pgmigrate_success")
     d = DaemonRun(args, run_env(tmp_path))
     try:
@@ -51,7 +54,7 @@ def drive_migrations(tmp_path, mode: str, thp: bool, pages: int, timeout: float)
           f"{res['pages_corrupt']} pages corrupt (kernel pgmigrate_success +{migrated})")
     assert rc == 0, f"exit {rc}: {d.stderr[-3000:]}"
     assert done, f"hotcold did not report its memory check: {d.stderr[-2000:]}"
-    assert res["pages_corrupt"] == 0 and res["pages_checked"] == 64 * 256
+    assert res["pages_corrupt"] == 0 and res["pages_checked"] == size * 256
     assert moved >= pages
     assert migrated >= moved, "the daemon counted moves the kernel did not make"
     return res
@@ -65,4 +68,4 @@ def test_memory_intact_after_migrations(tmp_path, mode, thp):
 @pytest.mark.long
 @pytest.mark.parametrize("mode,thp", CASES, ids=[f"{m}-thp{'on' if t else 'off'}" for m, t in CASES])
 def test_memory_intact_after_100k_migrations(tmp_path, mode, thp):
-    drive_migrations(tmp_path, mode, thp, pages=100_000, timeout=1500)
+    drive_migrations(tmp_path, mode, thp, pages=100_000, timeout=900, size=256, hot=96, budget=64)
