@@ -43,8 +43,8 @@ def one(kernel):
     res = vm.run(f"PAGETIER_SOAK_S={soak[kernel]} python -m pytest -p no:cacheprovider -q -rfEs -s "
                  f"-m long {TESTS}", kernel=kernel, timeout=float(soak[kernel]) + 5400)
     (out / f"{kernel}.log").write_text(res.output + "\n--- dmesg\n" + res.dmesg)
-    soak = Path(vm.REPO / "build" / "vm").glob(f"{kernel}-*/soak.json")
-    newest = max(soak, key=lambda p: p.stat().st_mtime, default=None)
+    curves = Path(vm.REPO / "build" / "vm").glob(f"{kernel}-*/soak.json")
+    newest = max(curves, key=lambda p: p.stat().st_mtime, default=None)
     if newest is not None and newest.stat().st_mtime >= res_start[kernel]:
         shutil.copy(newest, out / f"soak-{kernel}.json")
     results[kernel] = res
