@@ -678,3 +678,13 @@ def test_cli_corrupt_trace_one_line(tmp_path):
         assert r.returncode == 1, (args, r.stderr)
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert str(bad) in r.stderr, r.stderr
+
+
+def test_ping_pong_policy_flips_every_unit(tmp_path):
+    """The stress policy moves every unit each interval, within the budget."""
+    d = make_daemon(tmp_path, policy="ping-pong", units=64, hot=8, budget="1G")
+    moved = [d.step() for _ in range(3)]
+    assert [s["promoted"] for s in moved] == [64, 0, 64]
+    assert [s["demoted"] for s in moved] == [0, 64, 0]
+    d = make_daemon(tmp_path, policy="ping-pong", units=64, hot=8, budget="64K")
+    assert d.step()["promoted"] == 16  # the budget still holds
