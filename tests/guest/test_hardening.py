@@ -105,7 +105,7 @@ def test_rmmod_under_load():
 
 @pytest.mark.long
 def test_rmmod_under_load_repeated():
-    for _ in range(20):
+    for _ in range(5):
         rmmod_under_load()
 
 
