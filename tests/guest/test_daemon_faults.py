@@ -24,6 +24,7 @@ from helpers import vmstat
 
 pytestmark = pytest.mark.vm
 MIB = 1 << 20
+WAIT = 900  # seconds: a daemon's start (imports) alone can take minutes on a loaded host
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -64,11 +65,11 @@ def test_target_killed_mid_migration(env, numab_on):
         d = DaemonRun(["attach", str(w.pid), "--json", "--fast-budget", "256M", "--interval",
                        "0.5", "--rate", "0"], env)
         try:
-            d.wait_for(lambda: d.stats and d.stats[-1]["interval"] >= 1, 120, "a first interval")
+            d.wait_for(lambda: d.stats and d.stats[-1]["interval"] >= 1, WAIT, "a first interval")
             time.sleep(delay)
             w.proc.kill()
             w.proc.wait()
-            rc = d.finish(120)
+            rc = d.finish(WAIT)
         finally:
             if d.proc.poll() is None:
                 d.stop()
@@ -97,10 +98,10 @@ def test_fast_node_full(env, numab_on):
     try:
         d = DaemonRun(["attach", str(w.pid), "--json", "--interval", "0.5", "--rate", "0"], env)
         try:
-            d.wait_for(lambda: any(s["nomem"] for s in d.stats), 180, "ENOMEM from move_pages")
+            d.wait_for(lambda: any(s["nomem"] for s in d.stats), WAIT, "ENOMEM from move_pages")
             assert hog.stop() == 0
             n = len(d.stats)
-            d.wait_for(lambda: any(s["promoted"] for s in d.stats[n + 1:]), 180,
+            d.wait_for(lambda: any(s["promoted"] for s in d.stats[n + 1:]), WAIT,
                        "promotions after the node had room again")
         finally:
             d.stop()
@@ -121,12 +122,12 @@ def test_rmmod_under_daemon(env, numab_on):
     w = Workload("--size", "32", "--hot", "8", "--start-node", "1", "--duration", "0", "--quiet")
     d = DaemonRun(["attach", str(w.pid), "--json", "--interval", "0.5"], env)
     try:
-        d.wait_for(lambda: len(d.stats) >= 2, 120, "two intervals")
+        d.wait_for(lambda: len(d.stats) >= 2, WAIT, "two intervals")
         with pytest.raises(kmod.PagetierError, match="in use"):
             kmod.unload_module()
         assert kmod.is_loaded()
         n = len(d.stats)
-        d.wait_for(lambda: len(d.stats) >= n + 2, 120, "two more intervals")
+        d.wait_for(lambda: len(d.stats) >= n + 2, WAIT, "two more intervals")
     finally:
         d.stop()
     clean_exit(d)
@@ -141,15 +142,15 @@ def test_target_detached_behind_its_back(env, numab_on):
     w = Workload("--size", "32", "--hot", "8", "--start-node", "1", "--duration", "0", "--quiet")
     d = DaemonRun(["attach", str(w.pid), "--json", "--interval", "0.5"], env)
     try:
-        d.wait_for(lambda: len(d.stats) >= 2, 120, "two intervals")
+        d.wait_for(lambda: len(d.stats) >= 2, WAIT, "two intervals")
         dev = kmod.Device()
         try:
             dev.detach(w.pid)
         finally:
             dev.close()
-        d.wait_for(lambda: "attaching again" in d.stderr, 60, "a re-attach")
+        d.wait_for(lambda: "attaching again" in d.stderr, WAIT, "a re-attach")
         n = len(d.stats)
-        d.wait_for(lambda: len(d.stats) >= n + 2 and str(w.pid) in targets(), 120,
+        d.wait_for(lambda: len(d.stats) >= n + 2 and str(w.pid) in targets(), WAIT,
                    "intervals after the re-attach")
     finally:
         d.stop()
@@ -189,7 +190,7 @@ def test_shared_pages_not_retried_every_interval(env, numab_on, tmp_path):
         d = DaemonRun(["attach", str(p.pid), "--json", "--fast-budget", "1M", "--interval",
                        "0.5", "--profiler-option", "mode=abit"], env)
         try:
-            d.wait_for(lambda: len(d.stats) >= 20, 240, "20 intervals")
+            d.wait_for(lambda: len(d.stats) >= 20, WAIT, "20 intervals")
         finally:
             d.stop()
     finally:
@@ -210,7 +211,7 @@ def test_sigkill_restart_no_leftovers(env, numab_on, tmp_path):
     same target again; the target's memory is intact."""
     w = Workload("--size", "64", "--hot", "16", "--start-node", "1", "--duration", "0", "--quiet")
     d = DaemonRun(["attach", str(w.pid), "--json", "--interval", "0.5"], env)
-    d.wait_for(lambda: len(d.stats) >= 3, 120, "three intervals")
+    d.wait_for(lambda: len(d.stats) >= 3, WAIT, "three intervals")
     d.stop(signal.SIGKILL)
     assert NUMAB.read_text().strip() == "0"  # nobody restored it yet
     assert targets() == "", "the module kept a target of a dead daemon"
@@ -222,7 +223,7 @@ def test_sigkill_restart_no_leftovers(env, numab_on, tmp_path):
     st = subprocess.run([*PAGETIER, "status"], capture_output=True, text=True, env=env)
     assert "dead: stale status" in st.stdout, st.stdout
     d2 = DaemonRun(["attach", str(w.pid), "--json", "--interval", "0.5", "--duration", "3"], env)
-    assert d2.finish(120) == 0, d2.stderr
+    assert d2.finish(WAIT) == 0, d2.stderr
     clean_exit(d2)
     assert "died without restoring it" in d2.stderr
     assert "removed the status file of pagetier pid" in d2.stderr
@@ -264,7 +265,7 @@ def test_corrupt_trace_and_config_one_line(env, tmp_path, numab_on):
     for args, name in ((["--profiler", "replay", "--profiler-option", f"path={bad}"], bad),
                        (["-c", str(conf)], conf)):
         r = subprocess.run([*PAGETIER, "run", *args, "--", "true"], capture_output=True,
-                           text=True, env=env, timeout=120)
+                           text=True, env=env, timeout=WAIT)
         assert r.returncode == 1, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and str(name) in r.stderr, r.stderr
         assert "Traceback" not in r.stderr

@@ -77,6 +77,7 @@ def soak(tmp_path, seconds: float, every: float = 10.0) -> dict:
     d = DaemonRun(["attach", f"{churn.pid},{hot.pid}", "--json", "--fast-budget", "16M",
                    "--interval", "1", "--duration", str(seconds)], run_env(tmp_path))
     samples = []
+    overran = False
     t0 = time.monotonic()
     try:
         while d.proc.poll() is None:
@@ -100,8 +101,10 @@ def soak(tmp_path, seconds: float, every: float = 10.0) -> dict:
                 "targets": len(st["targets"]),
                 "units": st["last"]["units"],
             })
-            if time.monotonic() - t0 > seconds + 300:
-                raise AssertionError("the daemon did not stop at --duration")
+            if time.monotonic() - t0 > seconds + 1200:  # its start counts: imports can take minutes
+                overran = True
+                d.stop()
+                break
         rc = d.finish()
     finally:
         if d.proc.poll() is None:
@@ -112,11 +115,7 @@ def soak(tmp_path, seconds: float, every: float = 10.0) -> dict:
         except subprocess.TimeoutExpired:
             churn.kill()
             churn_out, _ = churn.communicate()
-    assert rc == 0, d.stderr[-3000:]
-    assert "--duration" in d.stderr and "stopping" in d.stderr
-    assert hot_rc == 0 and hot.done["pages_corrupt"] == 0, hot.done
-    assert churn.returncode == 0, churn_out
-    assert len(samples) >= 2, samples
+    assert len(samples) >= 2, (samples, d.stderr[-3000:])
     assert (kmod.SYSFS / "targets").read_text() == "", "targets left attached after the daemon"
 
     t = np.array([s["t"] for s in samples])
@@ -143,6 +142,11 @@ def soak(tmp_path, seconds: float, every: float = 10.0) -> dict:
     for s in samples[::step]:
         print(f"soak: {s['t']:6.0f}  {s['rss_kib'] / MIB_KIB:8.1f}  {s['sunreclaim_kib'] / MIB_KIB:15.1f}"
               f"  {s['moved_pages']:6d}  {s['units']:5d}")
+    assert not overran, "the daemon did not stop at --duration"
+    assert rc == 0, d.stderr[-3000:]
+    assert "--duration" in d.stderr and "stopping" in d.stderr
+    assert hot_rc == 0 and hot.done["pages_corrupt"] == 0, hot.done
+    assert churn.returncode == 0, churn_out
     # flat: the fitted growth stays within noise (4 MiB or 5% of the median, whichever is more)
     assert growth < max(4 * MIB_KIB, 0.05 * float(np.median(rss))), \
         f"daemon RSS grows: {growth / MIB_KIB:+.1f} MiB over the run"
