@@ -90,9 +90,10 @@ def _node_free(node: int) -> int:
 def test_fast_node_full(env, numab_on):
     """A hog fills node 0; the daemon's promotions hit ENOMEM: it logs that the node is full,
     keeps running, and resumes promoting once the hog is gone."""
-    w = Workload("--size", "96", "--hot", "64", "--start-node", "1", "--duration", "0", "--quiet",
-                 "--no-thp")
-    hog_mb = max(0, _node_free(0) // MIB - 40)  # leave less than the hot set
+    w = Workload("--size", "224", "--hot", "192", "--start-node", "1", "--duration", "0",
+                 "--quiet", "--no-thp")
+    # leave less than the hot set; a thinner margin got the hog OOM-killed (seen on 6.12)
+    hog_mb = max(0, _node_free(0) // MIB - 160)
     hog = Workload("--size", str(hog_mb), "--hot", "1", "--start-node", "0", "--duration", "0",
                    "--quiet")
     try:
