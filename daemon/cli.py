@@ -111,6 +111,7 @@ def _daemon(cfg, kw, **targets):
     from pagetier.daemon.loop import Daemon, create_policy, create_profiler
     from pagetier.daemon.numab import NumaBalancing
 
+    remove_stale_status()
     profiler = create_profiler(cfg)
     try:
         policy = create_policy(cfg)
@@ -220,6 +221,15 @@ def attach_cmd(pids, cgroup, **kw):
     sys.exit(daemon.run())
 
 
+def _daemon_alive(doc: dict) -> bool:
+    """The status file's daemon still runs (not a later process that got its pid)."""
+    try:
+        created = psutil.Process(int(doc.get("pid", -1))).create_time()
+    except (psutil.Error, ValueError, TypeError):
+        return False
+    return created <= float(doc.get("started", created)) + 1
+
+
 def read_status(directory: Path | None = None) -> list[dict]:
     from pagetier.daemon.numab import run_dir
 
@@ -230,10 +240,19 @@ def read_status(directory: Path | None = None) -> list[dict]:
             doc = json.loads(Path(path).read_text())
         except (OSError, ValueError):
             continue
-        doc["alive"] = psutil.pid_exists(doc.get("pid", -1))
+        doc["alive"] = _daemon_alive(doc)
         doc["path"] = path
         out.append(doc)
     return out
+
+
+def remove_stale_status(directory: Path | None = None) -> None:
+    """Delete the status files of daemons that died without removing them (SIGKILL)."""
+    for doc in read_status(directory):
+        if not doc["alive"]:
+            Path(doc["path"]).unlink(missing_ok=True)
+            log.warning("removed the status file of pagetier pid %s: it died without removing it",
+                        doc.get("pid"))
 
 
 def format_status(doc: dict) -> str:

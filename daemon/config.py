@@ -124,6 +124,8 @@ def load(path: str | os.PathLike | None = None, overrides: dict | None = None) -
             raise ConfigError(f"{where}: cannot read it: {e.strerror}")
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{where}: not valid TOML: {e}")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{where}: not valid TOML: not UTF-8 text (byte {e.start})")
         values.update(_validate(raw, where))
         sources.append(str(path))
     ov = {k: v for k, v in (overrides or {}).items() if v is not None}

@@ -9,7 +9,8 @@ One interval (:meth:`Daemon.step`):
    coldest first), then the promotions that fit in the budget left and the rate left — the
    daemon enforces both whatever the policy returns;
 5. the moves (``mover.move``; nothing in a dry run), recorded in the state; units whose pages
-   are gone are forgotten, a full node (ENOMEM) ends this interval's moves;
+   are gone are forgotten, a full node (ENOMEM) ends this interval's moves, units whose move
+   failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
 6. a stats dict, printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
@@ -19,7 +20,8 @@ policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.ob
 the policy asks (a layer boundary), the daemon decides and moves at once, without waiting for
 the next interval: a *boundary step* (no profiler read; the interval's rate limit is shared).
 
-Targets that exit are detached and dropped. SIGTERM/SIGINT stop the loop cleanly (the profiler
+Targets that exit are detached and dropped; a live target the profiler fails to read is
+attached again (dropped if that fails too). SIGTERM/SIGINT stop the loop cleanly (the profiler
 detached, numa_balancing restored); SIGHUP reloads the configuration.
 """
 from __future__ import annotations
@@ -48,6 +50,7 @@ from pagetier.profiler.base import PAGE_SIZE
 log = logging.getLogger("pagetier.daemon")
 
 MIB = 1 << 20
+STUCK_RETRY = 32  # intervals before units whose move failed for good (EACCES...) are tried again
 
 
 def _jsonable(o):
@@ -136,6 +139,7 @@ class Daemon:
         self.control = None
         self._boundary = False  # the policy asked for a decision now
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
+        self._full: set[int] = set()  # nodes that answered ENOMEM last time
 
     # ------------------------------------------------------------------ targets
     def _alive(self, pid: int) -> bool:
@@ -235,14 +239,14 @@ class Daemon:
         n = len(st)
         promote = _unique_in_order(promote, n)
         demote = _unique_in_order(demote, n)
-        demote = demote[(st.node[demote] != slow) & (st.node[demote] >= 0)]
+        demote = demote[(st.node[demote] != slow) & (st.node[demote] >= 0) & ~st.stuck(demote)]
         demote = demote[~np.isin(demote, promote)]
         demote = _fit(demote, st.npages, limit)
         used = st.pages_on(fast) - int(st.npages[demote].sum(dtype=np.int64))
         forced = demote[:0]
         if used > budget:
             cand = np.flatnonzero(st.node == fast)
-            cand = cand[~np.isin(cand, demote) & ~np.isin(cand, promote)]
+            cand = cand[~np.isin(cand, demote) & ~np.isin(cand, promote) & ~st.stuck(cand)]
             order = np.lexsort((st.last_access[cand], st.heat[cand]))
             cand = cand[order]
             c = np.cumsum(st.npages[cand].astype(np.int64))
@@ -255,7 +259,7 @@ class Daemon:
         """The policy's promotions, in its order, that fit in the budget and in ``limit``."""
         st = self.state
         promote = _unique_in_order(promote, len(st))
-        promote = promote[st.node[promote] != self.cfg.fast_node]
+        promote = promote[(st.node[promote] != self.cfg.fast_node) & ~st.stuck(promote)]
         return _fit(promote, st.npages, min(limit, budget - fast_used))
 
     # ------------------------------------------------------------------ moving
@@ -295,14 +299,28 @@ class Daemon:
             acc["busy"] += int(st.npages[sel[res.busy]].sum(dtype=np.int64))
             acc["failed"] += int(st.npages[sel[res.failed]].sum(dtype=np.int64))
             acc["nomem"] += int(st.npages[sel[res.nomem]].sum(dtype=np.int64))
+            st.mark_stuck(sel[res.failed])
             acc["gone"] += len(res.gone)
             forget.append(sel[res.gone])
             for k, v in res.errors.items():
                 acc["errors"][k] = acc["errors"].get(k, 0) + v
             if res.stopped:
+                self._node_full(node, True)
                 ok = False
                 break
+        if ok and acc["moved_pages"]:
+            self._node_full(node, False)
         return ok
+
+    def _node_full(self, node: int, full: bool) -> None:
+        """Log when ``node`` fills up (move_pages: ENOMEM) and when it has room again."""
+        if full and node not in self._full:
+            self._full.add(node)
+            log.warning("node %d is full (move_pages: ENOMEM): moves to it wait until it has "
+                        "free memory", node)
+        elif not full and node in self._full:
+            self._full.discard(node)
+            log.info("node %d has free memory again: moves to it resumed", node)
 
     def _target_gone(self, pid: int, e: "mover_mod.MoveError") -> bool | None:
         """A whole-call move_pages error: True when the target exited (ESRCH, or EINVAL once
@@ -345,12 +363,16 @@ class Daemon:
         """Read ``pid``'s counts into the state and show them to the policy; the merge time."""
         try:
             sample = self.profiler.read(pid, reset=True)
-        except Exception as e:
-            # ESRCH: the profiler lost a target that is exiting (not yet a zombie)
-            if not self._alive(pid) or getattr(e, "errno", None) == errno.ESRCH:
+        except (PagetierError, OSError) as e:
+            if not self._alive(pid):
                 self.drop(pid)
                 return 0.0
-            raise
+            # e.g. detached behind our back, or exiting (not yet a zombie: the profiler says
+            # ESRCH): start over with this target; an exiting one cannot be attached again
+            log.warning("pid %d: profiler read failed (%s): attaching again", pid, e)
+            self.drop(pid, "could not be read")
+            self.attach(pid, strict=False)
+            return 0.0
         t_merge = time.process_time()
         self.state.update(sample, trust_moves=self.trust_moves())
         merge_s = time.process_time() - t_merge
@@ -367,6 +389,8 @@ class Daemon:
         merge_s = 0.0
         if not boundary:
             st.begin_interval()
+            if st.interval % STUCK_RETRY == 0:
+                st.unstick()
             self._interval_moved = 0
             for pid in sorted(self.targets):
                 merge_s += self.read_target(pid)

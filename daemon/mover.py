@@ -19,7 +19,8 @@ anything else             failed      count it
 
 When the kernel gives up on a batch part way (it then returns the number of pages it did not
 move), the pages it never reached keep the status we pre-filled and count as ``busy``.
-Whole-call errors are raised as :class:`MoveError` with a message saying what to do: ESRCH (the
+A whole-call ENOMEM (the kernel could not allocate the copies) counts as ``nomem`` for
+the batch. Other whole-call errors are raised as :class:`MoveError` with a message saying what to do: ESRCH (the
 process is gone), EINVAL (it is exiting: its mm is gone), EPERM (moving another user's pages needs CAP_SYS_NICE), EACCES, ENODEV (the
 node has no memory or does not exist).
 """
@@ -173,7 +174,12 @@ def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
     s = 0
     while s < n:
         e = min(n, s + batch)
-        _raw(pid, addrs[s:e], nodes[:e - s], status[s:e], flags)
+        try:
+            _raw(pid, addrs[s:e], nodes[:e - s], status[s:e], flags)
+        except MoveError as err:
+            if err.errno != errno.ENOMEM:
+                raise
+            status[s:e] = -errno.ENOMEM  # no memory for the copies: the node is full
         res.calls += 1
         nomem = (status[s:e] == -errno.ENOMEM).any()
         s = e

@@ -14,6 +14,7 @@ NEVER = np.iinfo(np.int32).min
 
 # flags
 F_PRESENT = 1  # seen in the target's last complete sample
+F_STUCK = 2  # its last move failed for good (e.g. -EACCES: a page shared with another process)
 
 DTYPE = np.dtype(
     [
@@ -44,7 +45,7 @@ class PageState:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         self.decay = decay
         self.a = np.zeros(0, DTYPE)
-        self.pids: list[int] = []  # target index -> pid
+        self.pids: list[int] = []  # target index -> pid (-1: a free slot, reused)
         self.interval = 0
 
     def __len__(self) -> int:
@@ -62,7 +63,10 @@ class PageState:
 
     def target_index(self, pid: int) -> int:
         if pid not in self.pids:
-            self.pids.append(pid)
+            if -1 in self.pids:  # the slot of a forgotten target: indices stay below 2**16
+                self.pids[self.pids.index(-1)] = pid
+            else:
+                self.pids.append(pid)
         return self.pids.index(pid)
 
     def begin_interval(self) -> None:
@@ -125,7 +129,20 @@ class PageState:
 
     def forget_target(self, pid: int) -> None:
         if pid in self.pids:
-            self.a = self.a[self.a["target"] != self.pids.index(pid)]
+            t = self.pids.index(pid)
+            self.a = self.a[self.a["target"] != t]
+            self.pids[t] = -1
+
+    def mark_stuck(self, idx: np.ndarray) -> None:
+        """Units whose move failed for good: the daemon leaves them until :meth:`unstick`."""
+        self.a["flags"][idx] |= np.uint8(F_STUCK)
+
+    def unstick(self) -> None:
+        self.a["flags"] &= ~np.uint8(F_STUCK)
+
+    def stuck(self, idx: np.ndarray) -> np.ndarray:
+        """Boolean: which of ``idx`` are stuck."""
+        return (self.a["flags"][idx] & F_STUCK) != 0
 
     def forget(self, idx: np.ndarray) -> None:
         keep = np.ones(len(self.a), bool)

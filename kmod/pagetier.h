@@ -60,6 +60,7 @@ struct pagetier_mode_ops {
 struct pagetier_target {
 	struct list_head node; /* in pagetier_targets, RCU */
 	pid_t pid;
+	const struct file *owner; /* the descriptor that attached it; closing it detaches */
 	struct pid *spid;
 	struct mm_struct *mm; /* mmgrab()bed */
 	const struct pagetier_mode_ops *ops;

@@ -174,7 +174,7 @@ static void scan_work(struct work_struct *work)
 	target_free(t, false);
 }
 
-static long do_attach(struct pagetier_attach __user *arg)
+static long do_attach(struct file *file, struct pagetier_attach __user *arg)
 {
 	struct pagetier_attach a;
 	struct pagetier_target *t;
@@ -224,6 +224,7 @@ static long do_attach(struct pagetier_attach __user *arg)
 	put_task_struct(task);
 
 	t->pid = a.pid;
+	t->owner = file;
 	t->mm = mm;
 	t->ops = mode_ops(a.mode);
 	t->scan_period_ms = a.scan_period_ms ?: READ_ONCE(default_scan_period_ms);
@@ -467,7 +468,7 @@ static long pagetier_ioctl(struct file *file, unsigned int cmd, unsigned long ar
 		return copy_to_user(uarg, &v, sizeof(v)) ? -EFAULT : 0;
 	}
 	case PAGETIER_IOC_ATTACH:
-		return do_attach(uarg);
+		return do_attach(file, uarg);
 	case PAGETIER_IOC_DETACH:
 		return do_detach(uarg);
 	case PAGETIER_IOC_READ:
@@ -487,9 +488,37 @@ static int pagetier_open(struct inode *inode, struct file *file)
 	return 0;
 }
 
+/*
+ * The last reference to a descriptor is gone (close, or its process died, SIGKILL included):
+ * detach the targets attached through it, so that no process stays marked by a dead profiler.
+ */
+static int pagetier_release(struct inode *inode, struct file *file)
+{
+	struct pagetier_target *t, *found;
+
+	for (;;) {
+		found = NULL;
+		mutex_lock(&targets_lock);
+		list_for_each_entry(t, &pagetier_targets, node) {
+			if (t->owner == file) {
+				found = t;
+				break;
+			}
+		}
+		if (found)
+			target_unlink_locked(found);
+		mutex_unlock(&targets_lock);
+		if (!found)
+			return 0;
+		pr_debug("pid %d detached: its descriptor was closed\n", found->pid);
+		detach_target(found);
+	}
+}
+
 static const struct file_operations pagetier_fops = {
 	.owner = THIS_MODULE,
 	.open = pagetier_open,
+	.release = pagetier_release,
 	.unlocked_ioctl = pagetier_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
 	.llseek = noop_llseek,

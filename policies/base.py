@@ -25,6 +25,7 @@ _POLICY_MODULES = {
     "first-touch": "pagetier.policies.baselines",
     "lru": "pagetier.policies.baselines",
     "heat-classes": "pagetier.policies.baselines",
+    "ping-pong": "pagetier.policies.baselines",
     "rl": "pagetier.policies.rl",
     "sentinel": "pagetier.policies.sentinel",
 }

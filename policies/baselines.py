@@ -3,6 +3,8 @@
 - ``first-touch``: Linux's default placement; pages stay where they were first touched.
 - ``lru``: like the kernel's NUMA-balancing memory tiering (hint-fault promotion, LRU demotion).
 - ``heat-classes``: like memtierd's heat-based tiering (heat classes filled hottest first).
+- ``ping-pong``: not a baseline but a stress policy: every unit to the other node, every
+  interval (for data-integrity tests).
 
 They are deliberately simple: no watermarks, no hysteresis, no throttle beyond the rate
 limit. All respect the fast budget and the rate limit through the shared ``plan_moves``.
@@ -167,3 +169,23 @@ class HeatClasses(Policy):
         counts = np.bincount(cls, weights=npages, minlength=self.config.classes).astype(np.int64)
         return Decision(promote=p, demote=d,
                         stats=_stats(state, ctx, p, d, class_pages=counts.tolist()))
+
+
+@register("ping-pong")
+class PingPong(Policy):
+    """A stress policy, not a placement policy: every interval it asks to move every unit to
+    the other node (the daemon still enforces the budget and the rate limit).
+
+    It forces as many migrations as the limits allow, whatever the profiler sees: the
+    data-integrity tests (tests/guest/test_daemon_integrity.py) use it to check that memory
+    survives a hundred thousand page migrations.
+    """
+
+    @dataclass
+    class Config:
+        pass
+
+    def decide(self, state, ctx: Context) -> Decision:
+        fast = np.flatnonzero(state.node == ctx.fast_node)
+        slow = np.flatnonzero(state.node == ctx.slow_node)
+        return Decision(promote=slow, demote=fast, stats=_stats(state, ctx, slow, fast))

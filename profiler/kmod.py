@@ -85,6 +85,9 @@ def unload_module() -> None:
         return
     res = subprocess.run(["rmmod", "pagetier"], capture_output=True, text=True)
     if res.returncode != 0:
+        if "in use" in res.stderr:
+            raise PagetierError("rmmod pagetier: the module is in use: a pagetier daemon or "
+                                "recorder has /dev/pagetier open (see `pagetier status`); stop it first")
         raise PagetierError(f"rmmod pagetier failed: {res.stderr.strip()}")
 
 

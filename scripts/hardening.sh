@@ -1,26 +1,129 @@
 #!/usr/bin/env bash
-# The long hardening runs (issue: stress, faults, bad input), on both kernels: 240 s of
-# attach/detach cycles against a churning target, 100,000 fuzzed ioctls, rmmod under load.
-# Prints each kernel's results and a summary table. Takes about 15 minutes.
+# The long hardening runs (the `long`-marked guest tests) on both kernels, and a summary table:
+#   - attach/detach cycles for 240 s against a churning target (two readers at once);
+#   - rmmod under load, 5 times;
+#   - 100,000 fuzzed ioctls;
+#   - >= 100,000 page migrations under the daemon with hotcold checking its memory, for each
+#     kmod mode with THP on and off;
+#   - the soak: the daemon managing churn + a moving hot set for SOAK_S seconds (default 1800),
+#     its RSS and the kernel's unreclaimable slab sampled every 10 s.
+#
+# Usage: scripts/hardening.sh [KERNEL[:SOAK_S]...]   (default: 6.1 6.12)
+#        scripts/hardening.sh 6.12 6.1:600            (a shorter soak on 6.1)
+#        PAGETIER_PARALLEL=1 scripts/hardening.sh      (every VM at once: the soak of each kernel
+#                                                      in its own VM beside the other tests)
+#        PAGETIER_PARTS=soak scripts/hardening.sh 6.1  (only the soak, or only "stress")
+#        PAGETIER_PARTS= scripts/hardening.sh 6.1 6.12 (run nothing: the table of the last runs)
+# One after the other, each kernel takes about 40 minutes plus its soak. Logs, soak curves and
+# the table as JSON go to build/hardening/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python - <<'PY'
+exec .venv/bin/python - "$@" <<'PY'
+import json
+import os
 import re
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
 from pagetier import vm
 from pagetier.workload import binary
 
+soak_default = os.environ.get("PAGETIER_SOAK_S", "1800")
+parts = os.environ.get("PAGETIER_PARTS", "stress soak").split()
+soak = {a.split(":")[0]: (a.split(":") + [soak_default])[1] for a in sys.argv[1:] or ["6.1", "6.12"]}
+kernels = list(soak)
+out = Path("build/hardening")
+out.mkdir(parents=True, exist_ok=True)
 binary(); binary("churn")
+PARTS = {"stress": "tests/guest/test_hardening.py tests/guest/test_daemon_integrity.py",
+         "soak": "tests/guest/test_daemon_soak.py"}
+results = {}
+
+
+def saved(kernel, part):
+    """The last run of ``part`` on ``kernel`` (build/hardening/<kernel>-<part>.json), or None."""
+    path, log = out / f"{kernel}-{part}.json", out / f"{kernel}-{part}.log"
+    if path.exists():
+        d = json.loads(path.read_text())
+        d.pop("soak_s", None)
+        return vm.VMResult(**d)
+    if not log.exists():
+        return None
+    output, _, dmesg = log.read_text().partition("\n--- dmesg\n")  # a log without its .json
+    ok = re.search(r"^\d+ passed", output, re.M) and not re.search(r"\d+ (failed|error)", output)
+    release = re.search(r"Linux version (\S+)", dmesg)
+    return vm.VMResult(release.group(1) if release else kernel, "", 0 if ok else 1, output,
+                       dmesg, 0.0, vm.kernel_reports(dmesg) if dmesg else ["no dmesg"])
+
+
+def one(kernel, part):
+    t0 = time.time()
+    res = vm.run(f"PAGETIER_SOAK_S={soak[kernel]} python -m pytest -p no:cacheprovider -q -rfEs -s "
+                 f"-m long {PARTS[part]}", kernel=kernel, timeout=float(soak[kernel]) + 5400)
+    (out / f"{kernel}-{part}.log").write_text(res.output + "\n--- dmesg\n" + res.dmesg)
+    (out / f"{kernel}-{part}.json").write_text(json.dumps({**res.__dict__, "soak_s": soak[kernel]}))
+    if part == "soak":
+        curves = Path(vm.REPO / "build" / "vm").glob(f"{kernel}-*/soak.json")
+        newest = max(curves, key=lambda p: p.stat().st_mtime, default=None)
+        if newest is not None and newest.stat().st_mtime >= t0:
+            shutil.copy(newest, out / f"soak-{kernel}.json")
+    results[kernel, part] = res
+
+
+jobs = [(k, p) for k in kernels for p in parts]
+if os.environ.get("PAGETIER_PARALLEL") == "1":
+    ts = [threading.Thread(target=one, args=j) for j in jobs]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+else:
+    for j in jobs:
+        one(*j)
+
+
+def num(pattern, text, many=False):
+    found = [int(m.group(1)) for m in re.finditer(pattern, text)]
+    return sum(found) if many else (found[-1] if found else 0)
+
+
+for k in kernels:  # parts not run now: the last saved run
+    for p in PARTS:
+        if (k, p) not in results and saved(k, p) is not None:
+            results[k, p] = saved(k, p)
 rows = []
-for kernel in ("6.1", "6.12"):
-    res = vm.run("PAGETIER_LONG=1 python -m pytest -p no:cacheprovider -q -s tests/guest/test_hardening.py",
-                 kernel=kernel, timeout=3000)
-    print(res.output[-3000:])
-    cyc = re.search(r"churn: (\d+) attach/detach cycles, (\d+) reads", res.output)
-    calls = re.search(r"ioctl fuzz: (\d+) calls", res.output)
-    rows.append((res.kernel, cyc.group(1) if cyc else "-", cyc.group(2) if cyc else "-",
-                 calls.group(1) if calls else "-", len(res.reports), "pass" if res.ok else "FAIL"))
-print(f"\n{'kernel':<24} {'cycles':>7} {'reads':>7} {'ioctls':>8} {'kernel reports':>15} {'result':>7}")
+for k in kernels:
+    runs = [results[k, p] for p in PARTS if (k, p) in results]
+    soak_s = json.loads((out / f"{k}-soak.json").read_text()).get("soak_s", soak[k]) \
+        if (out / f"{k}-soak.json").exists() else soak[k]
+    o = "\n".join(r.output for r in runs)
+    rows.append({
+        "kernel": runs[0].kernel if runs else k,
+        "cycles": num(r"churn: (\d+) attach/detach cycles", o),
+        "ioctl calls": num(r"ioctl fuzz: (\d+) calls", o),
+        "migrations": num(r"integrity: .*?: (\d+) page migrations", o, many=True),
+        "bytes checked": num(r"(\d+) bytes checked", o, many=True),
+        "soak s": int(float(soak_s)),
+        "soak migrations": num(r"soak: \d+ s, \d+ intervals, (\d+) page migrations", o),
+        "kernel reports": sum(len(r.reports) for r in runs),
+        "result": "pass" if len(runs) == len(PARTS) and all(r.ok for r in runs) else "FAIL",
+    })
+    for r in runs:
+        print(f"\n===== {r.kernel}: exit {r.returncode}, {r.seconds:.0f} s =====")
+        print("\n".join(ln for ln in r.output.splitlines() if re.match(
+            r"(churn|ioctl fuzz|integrity|soak|FAILED|ERROR|E  |\d+ (passed|failed))", ln)))
+        for rep in r.reports:
+            print(f"kernel report: {rep}")
+(out / "summary.json").write_text(json.dumps(rows, indent=1))
+cols = list(rows[0])
+width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+fmt = lambda r: "  ".join(str(r[c]).ljust(width[c]) if c == "kernel" else str(r[c]).rjust(width[c])
+                          for c in cols)
+print()
+print(fmt({c: c for c in cols}))
 for r in rows:
-    print(f"{r[0]:<24} {r[1]:>7} {r[2]:>7} {r[3]:>8} {r[4]:>15} {r[5]:>7}")
-raise SystemExit(0 if all(r[5] == "pass" for r in rows) else 1)
+    print(fmt(r))
+print(f"\nlogs: {out}/<kernel>-<part>.log; soak curves: {out}/soak-<kernel>.json")
+raise SystemExit(0 if all(r["result"] == "pass" for r in rows) else 1)
 PY

@@ -597,3 +597,94 @@ def test_move_call_errors(tmp_path, err, alive, dropped, raises):
     s = d.step()
     assert s["promoted"] == 0
     assert (d.targets == set()) == dropped
+
+
+# --------------------------------------------------------------------------- hardening
+def test_failed_units_left_alone_for_a_while(tmp_path):
+    """Units whose move fails for good (EACCES: shared pages) are not asked for again every
+    interval, but are tried again after STUCK_RETRY intervals."""
+    from pagetier.daemon.loop import STUCK_RETRY
+
+    d = make_daemon(tmp_path, units=64, hot=64, budget="1G",
+                    outcome=lambda pid, addrs, node: np.full(len(addrs), -errno.EACCES))
+    failed = [d.step()["failed"] for _ in range(STUCK_RETRY + 2)]
+    assert failed[0] == 64 and sum(1 for f in failed if f) == 2, failed
+    assert failed.index(64, 1) == STUCK_RETRY - 1  # the interval that clears the flags
+
+
+def test_enomem_for_the_whole_call_is_a_full_node(monkeypatch):
+    """move_pages may fail as a whole with ENOMEM when it cannot allocate the copies: that
+    is a full node (stop this interval), not an error that ends the daemon."""
+    def raw(pid, addrs, nodes, status, flags):
+        raise mover.MoveError("move_pages: Cannot allocate memory", errno.ENOMEM)
+
+    monkeypatch.setattr(mover, "_raw", raw)
+    r = mover.move(1, np.arange(10, dtype=np.uint64) * 4096, 0, batch=4)
+    assert r.stopped and len(r.nomem) == 10 and len(r.moved) == 0
+
+
+def test_target_slots_reused():
+    """Target indices are uint16: slots of forgotten targets are reused, so a daemon following
+    a cgroup through many short-lived processes never runs out of them."""
+    from pagetier.profiler.base import Sample
+
+    st = PageState()
+    for pid in range(100_000, 100_000 + 70_000, 7):
+        st.begin_interval()
+        st.update(Sample(pid=pid, addr=np.array([4096], np.uint64), npages=np.ones(1, np.uint16),
+                         count=np.ones(1, np.uint32), node=np.zeros(1, np.int8), complete=True))
+        st.forget_target(pid)
+    assert len(st.pids) == 1 and len(st) == 0
+
+
+def test_stale_status_removed_by_next_start(tmp_path):
+    """The status file of a daemon killed with SIGKILL is removed by the next start."""
+    run = tmp_path / "run"
+    run.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (run / f"daemon-{dead.pid}.json").write_text(json.dumps(
+        {"pid": dead.pid, "started": time.time(), "updated": time.time(), "config": {},
+         "targets": [], "totals": {}, "last": None}))
+    r = cli(tmp_path, "status")
+    assert "dead: stale status" in r.stdout
+    r = cli(tmp_path, "run", "--profiler", "stub", "--dry-run", "--interval", "0.1", "--", "true")
+    assert r.returncode == 0, r.stderr
+    assert f"removed the status file of pagetier pid {dead.pid}" in r.stderr
+    assert not list(run.glob("daemon-*.json"))
+
+
+@pytest.mark.parametrize("content", [b"[[[ not toml", b"\x00\xff\xfe garbage \x81",
+                                     b"fast_budget = \"-5M\"\n", b"interval = -1\n"])
+def test_cli_corrupt_config_one_line(tmp_path, content):
+    p = tmp_path / "bad.toml"
+    p.write_bytes(content)
+    r = cli(tmp_path, "run", "-c", str(p), "--profiler", "stub", "--dry-run", "--", "true")
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert str(p) in r.stderr
+
+
+def test_cli_corrupt_trace_one_line(tmp_path):
+    """A corrupt trace given to the replay profiler or to the simulator."""
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1" + os.urandom(3000) + b"PAR1")
+    from pagetier.profiler.base import create
+
+    with pytest.raises(ConfigError, match=str(bad)):
+        create("replay", path=str(bad))  # the daemon's CLI run: tests/guest/test_daemon_faults.py
+    for args in (["bench", "sim", str(bad), "--policies", "lru", "--capacity", "50%"],):
+        r = cli(tmp_path, *args)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert str(bad) in r.stderr, r.stderr
+
+
+def test_ping_pong_policy_flips_every_unit(tmp_path):
+    """The stress policy moves every unit each interval, within the budget."""
+    d = make_daemon(tmp_path, policy="ping-pong", units=64, hot=8, budget="1G")
+    moved = [d.step() for _ in range(3)]
+    assert [s["promoted"] for s in moved] == [64, 0, 64]
+    assert [s["demoted"] for s in moved] == [0, 64, 0]
+    d = make_daemon(tmp_path, policy="ping-pong", units=64, hot=8, budget="64K")
+    assert d.step()["promoted"] == 16  # the budget still holds

@@ -1,5 +1,6 @@
-"""pagetier.ko under churn and fuzzing. Short versions run by default; PAGETIER_LONG=1 (see
-scripts/hardening.sh) runs the long ones. The harness fails the boot on any kernel report."""
+"""pagetier.ko under churn and fuzzing. Short versions run by default; the long ones are marked
+``long`` (scripts/hardening.sh runs them with -m long). The harness fails the boot on any kernel
+report (Oops, BUG, WARNING, lockdep, RCU stalls)."""
 from __future__ import annotations
 
 import ctypes
@@ -9,6 +10,7 @@ import mmap
 import os
 import random
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -21,7 +23,6 @@ from pagetier.workload import Workload, binary
 from helpers import fresh_module, vmstat
 
 pytestmark = pytest.mark.vm
-LONG = os.environ.get("PAGETIER_LONG") == "1"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,13 +32,40 @@ def module_loaded():
     kmod.unload_module()
 
 
+def _reader(pid: int, stop: threading.Event, counts: list) -> None:
+    """Another reader, on its own descriptor, reading whatever is attached at the time."""
+    dev = kmod.Device()
+    try:
+        while not stop.is_set():
+            try:
+                dev.read(pid, reset=False)
+                counts[0] += 1
+            except kmod.KmodError as e:
+                if e.errno != errno.ESRCH:  # not attached at this moment
+                    raise
+            time.sleep(0.005)
+    finally:
+        dev.close()
+
+
 def test_attach_detach_cycles_while_target_churns():
     """Attach/detach in both modes, with reads, while the target maps, remaps, mprotects,
     discards, forks and shares memory; the target's own checks must all pass."""
-    seconds = 240 if LONG else 12
+    attach_detach_cycles(12, min_cycles=3)
+
+
+@pytest.mark.long
+def test_attach_detach_cycles_long():
+    attach_detach_cycles(240, min_cycles=100)
+
+
+def attach_detach_cycles(seconds: float, min_cycles: int) -> None:
     churn = subprocess.Popen([str(binary("churn")), str(seconds)], stdout=subprocess.PIPE, text=True)
     dev, other = kmod.Device(), kmod.Device()
     cycles = reads = 0
+    stop, extra = threading.Event(), [0]
+    reader = threading.Thread(target=_reader, args=(churn.pid, stop, extra))
+    reader.start()
     end = time.monotonic() + seconds - 1
     try:
         while time.monotonic() < end and churn.poll() is None:
@@ -56,17 +84,32 @@ def test_attach_detach_cycles_while_target_churns():
             dev.detach(churn.pid)
             cycles += 1
     finally:
+        stop.set()
+        reader.join()
         dev.close()
         other.close()
     out, _ = churn.communicate(timeout=120)
-    print(f"churn: {cycles} attach/detach cycles, {reads} reads; target says {out.strip()}")
+    print(f"churn: {cycles} attach/detach cycles, {reads + extra[0]} reads; target says {out.strip()}")
     assert churn.returncode == 0, out
-    assert cycles >= 20
+    assert cycles >= min_cycles
+    f0 = vmstat("numa_hint_faults")
+    time.sleep(0.5)
+    assert vmstat("numa_hint_faults") == f0, "hinting faults after the last detach"
     assert (kmod.SYSFS / "targets").read_text() == ""
 
 
 def test_rmmod_under_load():
     """rmmod while several targets are attached and scanned fast; their memory stays intact."""
+    rmmod_under_load()
+
+
+@pytest.mark.long
+def test_rmmod_under_load_repeated():
+    for _ in range(5):
+        rmmod_under_load()
+
+
+def rmmod_under_load() -> None:
     ws = [Workload("--size", "32", "--hot", "16", "--duration", "0", "--quiet") for _ in range(3)]
     dev = kmod.Device()
     for i, w in enumerate(ws):
@@ -81,6 +124,30 @@ def test_rmmod_under_load():
     kmod.load_module()
 
 
+def test_closing_the_descriptor_detaches():
+    """Targets attached through a descriptor are detached when it is closed, or when the
+    process holding it is killed: nothing stays marked behind a dead profiler."""
+    with Workload("--size", "32", "--hot", "8", "--duration", "0", "--quiet") as w:
+        dev = kmod.Device()
+        dev.attach(w.pid, "fault", scan_period_ms=50)
+        dev.close()
+        assert (kmod.SYSFS / "targets").read_text() == ""
+        holder = subprocess.Popen(
+            ["python3", "-c", "import sys, time; from pagetier.profiler import kmod\n"
+             f"kmod.Device().attach({w.pid}, 'fault', scan_period_ms=50)\n"
+             "print('attached', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "attached"
+        assert (kmod.SYSFS / "targets").read_text().startswith(f"{w.pid} fault")
+        time.sleep(0.3)
+        holder.kill()
+        holder.wait()
+        assert (kmod.SYSFS / "targets").read_text() == ""
+        f0 = vmstat("numa_hint_faults")
+        time.sleep(0.5)
+        assert vmstat("numa_hint_faults") == f0, "pages left marked after the holder died"
+        assert w.stop() == 0
+
+
 def _pointers(rng, good: int) -> list[int]:
     return [0, 1, 8, good, good + 3, good + 4095, 0xFFFF_FFFF_FFFF_F000, 0xFFFF_8880_0000_0000,
             0xFFFF_FFFF_8100_0000, 0x7FFF_FFFF_F000, (1 << 63) | rng.getrandbits(63)]
@@ -89,8 +156,16 @@ def _pointers(rng, good: int) -> list[int]:
 def test_ioctl_fuzz():
     """Random commands, sizes, pointers and field values: every call answered with an errno
     or success, the kernel quiet, nothing left attached to processes the fuzzer did not own."""
-    calls = 100_000 if LONG else 20_000
-    rng = random.Random(1234)
+    ioctl_fuzz(20_000, seed=1234)
+
+
+@pytest.mark.long
+def test_ioctl_fuzz_long():
+    ioctl_fuzz(100_000, seed=4321)
+
+
+def ioctl_fuzz(calls: int, seed: int) -> None:
+    rng = random.Random(seed)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
     dev = kmod.Device()
@@ -101,7 +176,8 @@ def test_ioctl_fuzz():
         buf = (ctypes.c_char * (1 << 20)).from_buffer(arena)
         good = ctypes.addressof(buf)
         rec = (ctypes.c_char * (1 << 20)).from_buffer(arena, 1 << 20)
-        valid = [uapi.IOC_VERSION, uapi.IOC_ATTACH, uapi.IOC_DETACH, uapi.IOC_READ, uapi.IOC_STATS]
+        valid = [uapi.IOC_VERSION, uapi.IOC_ATTACH, uapi.IOC_DETACH, uapi.IOC_READ, uapi.IOC_STATS,
+                 uapi.IOC_UNMARK]
         pids = [w.pid, 0, 2, 999_999, 2**31 - 1, 2**32 - 1]  # never a process it does not own
         errnos: dict[int, int] = {}
         for i in range(calls):
@@ -124,6 +200,10 @@ def test_ioctl_fuzz():
                 np.frombuffer(buf, np.uint64, 4)[1] = rng.choice(_pointers(rng, ctypes.addressof(rec)))
                 np.frombuffer(buf, np.uint64, 4)[2] = rng.choice([0, 1, 64, 2**40])  # <= 64 fits
                 np.frombuffer(buf, np.uint64, 4)[3] = rng.choice([0, 4096, rng.getrandbits(64)])
+            if cmd == uapi.IOC_UNMARK:  # addrs: the arena (random words), unmapped or kernel
+                np.frombuffer(buf, np.uint64, 4)[1] = rng.choice(_pointers(rng, ctypes.addressof(rec)))
+                np.frombuffer(buf, np.uint64, 4)[2] = rng.choice([0, 1, 512, 1 << 20, (1 << 20) + 1,
+                                                                  rng.getrandbits(64)])
             arg = good if rng.random() < 0.8 else rng.choice(_pointers(rng, good))
             ret = libc.ioctl(dev.fd, cmd & 0xFFFF_FFFF, ctypes.c_void_p(arg))
             e = ctypes.get_errno() if ret < 0 else 0

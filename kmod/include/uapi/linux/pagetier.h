@@ -41,6 +41,10 @@ struct pagetier_version {
 	__u32 record_size; /* sizeof(struct pagetier_record) */
 };
 
+/*
+ * A target stays attached until DETACH, its exit, or the close of the last reference to the
+ * descriptor that attached it (a profiler that dies leaves nothing marked behind).
+ */
 struct pagetier_attach {
 	__u32 pid;
 	__u32 mode;	      /* PAGETIER_MODE_* */
