@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -168,9 +169,17 @@ def run(
     t0 = time.monotonic()
     lines: list[str] = []
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace",
+                            errors="replace", start_new_session=True,
                             env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"})
-    watchdog = threading.Timer(timeout, proc.kill)  # a hung guest prints nothing: kill it
+
+    def kill_all():
+        # vng's QEMU is its child and holds our pipe: kill the whole session, or it runs on
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    watchdog = threading.Timer(timeout, kill_all)  # a hung guest prints nothing: kill it
     watchdog.start()
     try:
         assert proc.stdout is not None
@@ -183,7 +192,7 @@ def run(
     finally:
         watchdog.cancel()
         if proc.poll() is None:
-            proc.kill()
+            kill_all()
             proc.wait()
     if time.monotonic() - t0 >= timeout:
         lines.append(f"\n[pagetier vm: timed out after {timeout:.0f} s]\n")

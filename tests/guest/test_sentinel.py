@@ -64,7 +64,8 @@ STEPS = 3
 
 
 @pytest.mark.parametrize("framework,budget_mib", [
-    ("numpy", 24),
+    # minutes per kernel in the emulated guest: out of the default run (`-m long` runs it)
+    pytest.param("numpy", 24, marks=pytest.mark.long),
     # torch's import alone takes 3-10 minutes in the emulated guest: not in the default run
     pytest.param("torch", 40, marks=pytest.mark.long),
 ])
