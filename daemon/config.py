@@ -177,6 +177,28 @@ def check_nodes(cfg: Config, root: Path = NODE_ROOT) -> None:
             )
 
 
+def zone_watermark(node: int, name: str = "high", text: str | None = None,
+                   page_size: int = 4096) -> int:
+    """Bytes: the sum over ``node``'s zones of a watermark from /proc/zoneinfo (or ``text``);
+    "promo" falls back to "high" on kernels without it."""
+    if text is None:
+        text = Path("/proc/zoneinfo").read_text()
+    total, cur, seen, fallback = 0, None, False, 0
+    for line in text.splitlines():
+        parts = line.split()
+        if line.startswith("Node "):  # "Node 0, zone   Normal"
+            cur = int(parts[1].rstrip(","))
+            continue
+        if cur != node or len(parts) != 2:
+            continue
+        if parts[0] == name:
+            total += int(parts[1])
+            seen = True
+        elif parts[0] == "high":
+            fallback += int(parts[1])
+    return (total if seen else fallback) * page_size
+
+
 def node_meminfo(node: int, root: Path = NODE_ROOT) -> dict[str, int]:
     """Bytes from /sys/devices/system/node/nodeN/meminfo (MemTotal, MemFree, ...)."""
     out = {}

@@ -42,6 +42,7 @@ ANNOTATION_OPS = ("hello", "start_profile", "end_profile", "add_layer", "registe
 OPS = (*ANNOTATION_OPS, "attach", "detach", "status")
 MAX_LINE = 64 << 10  # a longer request is an error and closes the connection
 MAX_CLIENTS = 256
+MAX_PER_USER = 16  # connections one unprivileged user may hold: one user cannot lock out others
 _SUN_PATH_MAX = 107
 
 
@@ -215,8 +216,16 @@ class ControlServer:
             if len(self.conns) >= MAX_CLIENTS:
                 s.close()
                 continue
-            s.setblocking(False)
             c = _Conn(s, peer_cred(s))
+            if c.peer.uid != 0 and sum(o.peer.uid == c.peer.uid for o in self.conns.values()) \
+                    >= MAX_PER_USER:
+                log.info("control: uid %d already holds %d connections: refused", c.peer.uid,
+                         MAX_PER_USER)
+                self._send(c, {"ok": False, "error": f"too many connections from uid "
+                                                     f"{c.peer.uid} (at most {MAX_PER_USER})"})
+                s.close()
+                continue
+            s.setblocking(False)
             self.conns[s.fileno()] = c
             self.sel.register(s, selectors.EVENT_READ, c)
 

@@ -11,6 +11,10 @@ One interval (:meth:`Daemon.step`):
 5. the moves (``mover.move``; nothing in a dry run), recorded in the state; units whose pages
    are gone are forgotten, a full node (ENOMEM) ends this interval's moves, units whose move
    failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
+   promotions stop at the fast node's high watermark (move_pages into a node without room
+   reclaims and retries page by page before it says ENOMEM);
+   the fast budget counts the pages the daemon can move: fast pages the kernel refused to
+   move (mapped by other processes too) are reported apart, as ``fast_unmovable``;
 6. a stats dict, printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
@@ -35,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +56,7 @@ log = logging.getLogger("pagetier.daemon")
 
 MIB = 1 << 20
 STUCK_RETRY = 32  # intervals before units whose move failed for good (EACCES...) are tried again
+ROOM_MARGIN = 1 * MIB  # promotions leave this much above the fast node's high watermark
 
 
 def _jsonable(o):
@@ -139,7 +145,8 @@ class Daemon:
         self.control = None
         self._boundary = False  # the policy asked for a decision now
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
-        self._full: set[int] = set()  # nodes that answered ENOMEM last time
+        self._full: set[int] = set()  # nodes found full (ENOMEM, or no room above the watermark)
+        self.zoneinfo = Path("/proc/zoneinfo")  # the fast node's watermarks
 
     # ------------------------------------------------------------------ targets
     def _alive(self, pid: int) -> bool:
@@ -221,9 +228,22 @@ class Daemon:
             return 1 << 62
         if cfg.fast_free_watermark is not None:
             spare = max(0, info.get("MemFree", 0) - cfg.fast_free_watermark) // PAGE_SIZE
-            return self.state.pages_on(cfg.fast_node) + spare
+            return self.state.movable_on(cfg.fast_node) + spare
         total = info.get("MemTotal")
         return total // PAGE_SIZE if total else 1 << 62
+
+    def fast_room_pages(self) -> int | None:
+        """Pages the fast node can take before its free memory reaches its high watermark (plus
+        ROOM_MARGIN); None when unknown. Below the watermark, move_pages reclaims and retries for
+        every page before it answers ENOMEM: minutes under memory pressure, so the daemon does
+        not promote into a node that has no room."""
+        fast = self.cfg.fast_node
+        try:
+            free = config_mod.node_meminfo(fast, self.node_root)["MemFree"]
+            high = config_mod.zone_watermark(fast, "high", self.zoneinfo.read_text(), PAGE_SIZE)
+        except (OSError, KeyError, ValueError):
+            return None
+        return (free - high - ROOM_MARGIN) // PAGE_SIZE
 
     def rate_pages(self) -> int:
         return mover_mod.rate_pages(self.cfg.rate, self.cfg.interval)
@@ -242,7 +262,7 @@ class Daemon:
         demote = demote[(st.node[demote] != slow) & (st.node[demote] >= 0) & ~st.stuck(demote)]
         demote = demote[~np.isin(demote, promote)]
         demote = _fit(demote, st.npages, limit)
-        used = st.pages_on(fast) - int(st.npages[demote].sum(dtype=np.int64))
+        used = st.movable_on(fast) - int(st.npages[demote].sum(dtype=np.int64))
         forced = demote[:0]
         if used > budget:
             cand = np.flatnonzero(st.node == fast)
@@ -312,12 +332,13 @@ class Daemon:
             self._node_full(node, False)
         return ok
 
-    def _node_full(self, node: int, full: bool) -> None:
-        """Log when ``node`` fills up (move_pages: ENOMEM) and when it has room again."""
+    def _node_full(self, node: int, full: bool, why: str = "move_pages: ENOMEM") -> None:
+        """Log when ``node`` fills up (move_pages: ENOMEM, or no room above its high watermark)
+        and when it has room again."""
         if full and node not in self._full:
             self._full.add(node)
-            log.warning("node %d is full (move_pages: ENOMEM): moves to it wait until it has "
-                        "free memory", node)
+            log.warning("node %d is full (%s): moves to it wait until it has free memory", node,
+                        why)
         elif not full and node in self._full:
             self._full.discard(node)
             log.info("node %d has free memory again: moves to it resumed", node)
@@ -398,7 +419,11 @@ class Daemon:
         scan_s = self._profiler_scan_s()
 
         budget, limit = self.budget_pages(), max(0, self.rate_pages() - self._interval_moved)
-        ctx = Context(fast_node=cfg.fast_node, slow_node=cfg.slow_node, fast_budget=budget,
+        # the budget is for pages the daemon can move; a policy counts every unit on the fast
+        # node, so it sees the budget plus the fast pages the kernel refused to move
+        unmovable = st.unmovable_on(cfg.fast_node)
+        ctx = Context(fast_node=cfg.fast_node, slow_node=cfg.slow_node,
+                      fast_budget=budget + unmovable if budget < 1 << 61 else budget,
                       max_moves=limit, interval=st.interval, now=time.monotonic() - self._t0,
                       interval_s=cfg.interval)
         t_dec = time.process_time()
@@ -414,7 +439,7 @@ class Daemon:
         demoted_pages = int(st.npages[all_demote].sum(dtype=np.int64))
         asked = len(_unique_in_order(dec.promote, len(st))) + len(_unique_in_order(dec.demote, len(st)))
         if cfg.dry_run:
-            fast_used = st.pages_on(cfg.fast_node) - demoted_pages
+            fast_used = st.movable_on(cfg.fast_node) - demoted_pages
             promote = self.plan_promotions(dec.promote, budget, limit - demoted_pages, fast_used)
             promoted_pages = int(st.npages[promote].sum(dtype=np.int64))
         else:
@@ -423,8 +448,13 @@ class Daemon:
             acc["moved_pages"] = 0
             promote = np.zeros(0, np.int64)
             if ok:  # not after ENOMEM
-                fast_used = st.pages_on(cfg.fast_node)
+                fast_used = st.movable_on(cfg.fast_node)
                 promote = self.plan_promotions(dec.promote, budget, limit - demoted_pages, fast_used)
+                room = self.fast_room_pages() if len(promote) else None
+                if room is not None:
+                    if room <= 0:
+                        self._node_full(cfg.fast_node, True, "free memory at its high watermark")
+                    promote = _fit(promote, st.npages, room)
                 self._move(promote, cfg.fast_node, acc, forget, gone_pids)
             promoted_pages = acc["moved_pages"]
         clipped = asked - len(demote) - len(promote)
@@ -441,7 +471,7 @@ class Daemon:
             pages = np.bincount(inv.ravel(), weights=st.npages.astype(np.float64))
             resident = {(str(int(n)) if n >= 0 else "unknown"): int(p) * PAGE_SIZE
                         for n, p in zip(nodes, pages)}
-        fast_used_b = st.pages_on(cfg.fast_node) * PAGE_SIZE
+        fast_used_b = st.movable_on(cfg.fast_node) * PAGE_SIZE
         stats = {
             "interval": st.interval,
             "boundary": boundary,
@@ -459,7 +489,8 @@ class Daemon:
             "bytes_moved": acc["bytes_moved"],
             "ping_pongs": acc["ping_pongs"],
             "resident": resident,
-            "fast_used": fast_used_b,
+            "fast_used": fast_used_b,  # what counts against the budget
+            "fast_unmovable": st.unmovable_on(cfg.fast_node) * PAGE_SIZE,  # outside the budget
             "budget": int(min(budget, 1 << 50)) * PAGE_SIZE,
             "rate_pages": int(min(limit, 1 << 50)),
             "dry_run": cfg.dry_run,
@@ -510,7 +541,25 @@ class Daemon:
             "totals": self.totals,
             "last": self.last,
             "control_socket": str(self.control.path) if self.control else None,
+            "memory": self.memory(),
         }
+
+    def memory(self) -> dict:
+        """What the daemon's own memory holds: the unit state, and with PYTHONTRACEMALLOC set,
+        everything Python and numpy allocated (traced_kib)."""
+        m = {"state_kib": self.state.nbytes // 1024}
+        if tracemalloc.is_tracing():
+            m["traced_kib"] = tracemalloc.get_traced_memory()[0] // 1024
+        return m
+
+    def log_top_allocations(self, n: int = 12) -> None:
+        """With PYTHONTRACEMALLOC set, say at exit where the daemon's live memory was allocated."""
+        if not tracemalloc.is_tracing():
+            return
+        top = tracemalloc.take_snapshot().statistics("lineno")[:n]
+        log.info("largest live allocations (tracemalloc):\n%s",
+                 "\n".join(f"  {st.size / 1024:9.1f} KiB in {st.count:7d} blocks  {st.traceback}"
+                           for st in top))
 
     def write_status(self) -> None:
         doc = self.status_doc()
@@ -539,6 +588,7 @@ class Daemon:
             policy = self.policy
             if (new.policy, new.policy_options) != (self.cfg.policy, self.cfg.policy_options):
                 policy = create_policy(new)
+                policy.take_over(self.policy)
         except PagetierError as e:
             log.error("SIGHUP: config not reloaded, keeping the old one: %s", e)
             return
@@ -686,6 +736,7 @@ class Daemon:
                     until = min(until, deadline)
                 self._wait(until)
             log.info("stopping: %s", self.stop_reason)
+            self.log_top_allocations()
         finally:
             try:
                 self.profiler.close()

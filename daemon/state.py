@@ -15,6 +15,7 @@ NEVER = np.iinfo(np.int32).min
 # flags
 F_PRESENT = 1  # seen in the target's last complete sample
 F_STUCK = 2  # its last move failed for good (e.g. -EACCES: a page shared with another process)
+F_UNMOVABLE = 4  # a move failed for good and none has succeeded since: outside the fast budget
 
 DTYPE = np.dtype(
     [
@@ -134,10 +135,12 @@ class PageState:
             self.pids[t] = -1
 
     def mark_stuck(self, idx: np.ndarray) -> None:
-        """Units whose move failed for good: the daemon leaves them until :meth:`unstick`."""
-        self.a["flags"][idx] |= np.uint8(F_STUCK)
+        """Units whose move failed for good: the daemon leaves them until :meth:`unstick`, and
+        they count as unmovable (outside the fast budget) until a move of theirs succeeds."""
+        self.a["flags"][idx] |= np.uint8(F_STUCK | F_UNMOVABLE)
 
     def unstick(self) -> None:
+        """Let stuck units be tried again (they stay unmovable until a move succeeds)."""
         self.a["flags"] &= ~np.uint8(F_STUCK)
 
     def stuck(self, idx: np.ndarray) -> np.ndarray:
@@ -153,8 +156,19 @@ class PageState:
         """4 KiB pages tracked on ``node``."""
         return int(self.a["npages"][self.a["node"] == node].sum(dtype=np.int64))
 
+    def unmovable_on(self, node: int) -> int:
+        """4 KiB pages on ``node`` the kernel refused to move (shared with other processes:
+        library text, memory of a forked parent) and has not moved since."""
+        sel = (self.a["node"] == node) & (self.a["flags"] & F_UNMOVABLE != 0)
+        return int(self.a["npages"][sel].sum(dtype=np.int64))
+
+    def movable_on(self, node: int) -> int:
+        """4 KiB pages on ``node`` that count against a budget: all but :meth:`unmovable_on`."""
+        return self.pages_on(node) - self.unmovable_on(node)
+
     def record_moves(self, idx: np.ndarray, node: int) -> None:
         self.a["node"][idx] = node
+        self.a["flags"][idx] &= ~np.uint8(F_UNMOVABLE)
         self.a["last_move"][idx] = self.interval
         self.a["moves"][idx] = np.minimum(self.a["moves"][idx].astype(np.int64) + 1, 65535)
 

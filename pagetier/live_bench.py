@@ -40,6 +40,7 @@ from pathlib import Path
 import click
 
 from pagetier import live_table, vm
+from pagetier.daemon import config as config_mod
 from pagetier.errors import ConfigError, PagetierError
 
 DEFAULT_POLICIES = "heuristic,lru,heat-classes,first-touch"
@@ -83,28 +84,6 @@ def config_names(policies: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ guest side: the pieces
-def zone_watermark(node: int, name: str = "promo", text: str | None = None) -> int:
-    """Sum over ``node``'s zones of a watermark from /proc/zoneinfo, in bytes ("promo" falls
-    back to "high" on kernels without it)."""
-    if text is None:
-        text = Path("/proc/zoneinfo").read_text()
-    total, cur, seen = 0, None, False
-    fallback = 0
-    for line in text.splitlines():
-        parts = line.split()
-        if line.startswith("Node "):
-            cur = int(parts[1].rstrip(","))
-            continue
-        if cur != node or len(parts) != 2:
-            continue
-        if parts[0] == name:
-            total += int(parts[1])
-            seen = True
-        elif parts[0] == "high":
-            fallback += int(parts[1])
-    return (total if seen else fallback) * PAGE
-
-
 class FastCapacity:
     """Leaves about ``free`` bytes free on a node by reserving the rest as 2 MiB hugetlb pages."""
 
@@ -118,17 +97,40 @@ class FastCapacity:
         return node_meminfo(self.node)["MemFree"]
 
     def set(self, free: int) -> int:
-        """Reserve until MemFree is within 2 MiB of ``free``; return the MemFree reached."""
+        """Reserve until MemFree is within 2 MiB of ``free``; return the MemFree reached.
+
+        A reservation takes its memory at once, but a released huge page may come back to MemFree
+        only later (6.12 frees them from a worker), and the allocator's own use moves MemFree too.
+        So each step waits for MemFree to settle, and the approach is from above: most of the way
+        in one step, the rest a page at a time."""
         if not self.path.exists():
             raise PagetierError(f"no {self.path}: the kernel lacks 2 MiB hugetlb pages")
-        for _ in range(4):
-            have = self.free()
+        have = self.free()
+        for _ in range(40):
+            diff = (have - free) // HUGE
+            if abs(have - free) < HUGE:
+                break
+            if diff > 8:
+                diff -= 4  # slack for what the allocator takes besides the pages
             cur = int(self.path.read_text())
-            want = max(0, cur + (have - free) // HUGE)
+            want = max(0, cur + diff)
             if want == cur:
                 break
             self.path.write_text(f"{want}\n")
-        return self.free()
+            have = self._settled()
+        return have
+
+    def _settled(self, timeout: float = 5.0) -> int:
+        """MemFree once two looks 0.1 s apart agree within 256 KiB (or after ``timeout``)."""
+        last = self.free()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = self.free()
+            if abs(now - last) < 256 << 10:
+                return now
+            last = now
+        return last
 
     def release(self) -> None:
         if self.path.exists():
@@ -206,7 +208,6 @@ def vmstat(key: str) -> int:
 def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
     """The pagetier daemon on ``pid`` in a forked child (the modules are imported already: no
     second interpreter start under emulation). Returns (child pid, read end of its JSON lines)."""
-    from pagetier.daemon import config as config_mod
     from pagetier.daemon.loop import Daemon, create_policy, create_profiler
     from pagetier.daemon.numab import NumaBalancing
 
@@ -291,9 +292,9 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
                 dstats += [e for e in dm.read() if "interval" in e]
             if not dstats:
                 raise PagetierError(f"{name}: the daemon did not start (see its output above)")
-        wanted = spec.budget_mb * 2**20 + zone_watermark(FAST, "promo")
-        reached = capacity.set(wanted)
-        rec["fast_capacity_mb"] = round((reached - zone_watermark(FAST, "promo")) / 2**20, 1)
+        promo = config_mod.zone_watermark(FAST, "promo", page_size=PAGE)  # read once: a watermark boost moves it
+        reached = capacity.set(spec.budget_mb * 2**20 + promo)
+        rec["fast_capacity_mb"] = round((reached - promo) / 2**20, 1)
         tracker = PageTracker(pid, ready["addr"], ready["size"])
         mig0 = vmstat("pgmigrate_success")
 

@@ -140,3 +140,7 @@ class Policy(ABC):
 
     def observe(self, pid: int, sample) -> None:
         """A profiler sample of ``pid`` (counts since the previous one) the daemon just read."""
+
+    def take_over(self, old: "Policy") -> None:
+        """Carry over what ``old`` learned from the applications, when this policy replaces it
+        on a configuration reload (SIGHUP with new options). Nothing by default."""

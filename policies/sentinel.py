@@ -126,6 +126,12 @@ class Sentinel(Policy):
                                                    min_heat=c.min_heat))
         self.targets: dict[int, _Target] = {}
 
+    def take_over(self, old: Policy) -> None:
+        """A reload with new sentinel options keeps what the applications said (registered
+        objects, profiled layers): they annotate once and would not say it again."""
+        if isinstance(old, Sentinel):
+            self.targets = old.targets
+
     # ------------------------------------------------------------------ events
     def annotate(self, ev: Annotation) -> bool:
         t = self.targets.setdefault(ev.pid, _Target())

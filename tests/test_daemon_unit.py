@@ -353,6 +353,20 @@ def test_sighup_reload(tmp_path):
     assert d.cfg.rate == 20
 
 
+def test_sighup_new_sentinel_options_keep_the_annotations(tmp_path):
+    """A reload that changes sentinel's options builds a new policy; what the application
+    registered (it registers once) must survive it."""
+    from pagetier.policies.base import Annotation
+
+    p = write(tmp_path, 'policy = "sentinel"\nprofiler = "stub"\n')
+    d = make_daemon(tmp_path, policy="sentinel", config_path=p, overrides={})
+    d.policy.annotate(Annotation(4242, "register", name="weights", addr=1 << 30, size=1 << 20))
+    p.write_text('policy = "sentinel"\nprofiler = "stub"\n[policy_options]\nlookahead = 3\n')
+    d.reload()
+    assert d.policy.config.lookahead == 3
+    assert "weights" in d.policy.targets[4242].objects
+
+
 def test_human_line_fits_80_columns():
     s = {"interval": 12345, "promoted": 262144, "demoted": 262144, "dry_run": True,
          "fast_used": 96 * MIB, "budget": 96 * MIB, "resident": {"0": 96 * MIB, "1": 4096 * MIB},
@@ -610,6 +624,66 @@ def test_failed_units_left_alone_for_a_while(tmp_path):
     failed = [d.step()["failed"] for _ in range(STUCK_RETRY + 2)]
     assert failed[0] == 64 and sum(1 for f in failed if f) == 2, failed
     assert failed.index(64, 1) == STUCK_RETRY - 1  # the interval that clears the flags
+
+
+def test_unmovable_fast_pages_outside_the_budget(tmp_path):
+    """Fast pages the kernel refuses to move (EACCES: shared with another process) cannot be
+    demoted: they are reported as fast_unmovable, and the budget holds for the rest."""
+    base = 0x7f0000000000  # the stub profiler's first address
+    shared = {base + 4096 * i for i in range(256)}  # the first 1 MiB: shared, on the fast node
+
+    def outcome(pid, addrs, node):
+        return np.array([-errno.EACCES if int(a) in shared else node for a in addrs])
+
+    d = make_daemon(tmp_path, policy="test-idle", units=1024, hot=1024, node=0, budget="2M",
+                    outcome=outcome)
+    stats = [d.step() for _ in range(4)]
+    last = stats[-1]
+    assert last["fast_unmovable"] == 1 * MIB and last["fast_used"] == 2 * MIB, last
+    assert last["resident"]["0"] == 3 * MIB
+    assert all(s["fast_used"] <= s["budget"] for s in stats[1:]), stats
+    # a unit that moves once after all counts against the budget again
+    d.state.mark_stuck(np.arange(2))
+    d.state.record_moves(np.arange(2), 0)
+    assert d.state.unmovable_on(0) == 254
+
+
+def test_promotion_watermark_from_zoneinfo():
+    text = ("Node 0, zone    DMA32\n  pages free 5\n        min      8520\n        high     12780\n"
+            "        promo    14910\nNode 0, zone  Movable\n        high 32\n        promo    32\n"
+            "Node 1, zone    DMA32\n        promo    99999\n")
+    assert config_mod.zone_watermark(0, "promo", text) == (14910 + 32) * 4096
+    assert config_mod.zone_watermark(1, "promo", text) == 99999 * 4096
+    old = "Node 0, zone    DMA32\n        high     100\n"  # 6.1: no promo line
+    assert config_mod.zone_watermark(0, "promo", old) == 100 * 4096
+
+
+def test_promotions_stop_at_the_fast_nodes_high_watermark(tmp_path, caplog):
+    """move_pages into a node below its high watermark reclaims and retries page by page: the
+    daemon promotes only what fits above it, says the node is full, and resumes when it has room."""
+    node0 = tmp_path / "node" / "node0"
+    node0.mkdir(parents=True)
+    zoneinfo = tmp_path / "zoneinfo"
+    zoneinfo.write_text("Node 0, zone   Normal\n  pages free 10\n        min      100\n"
+                        "        low      200\n        high     256\n"
+                        "Node 1, zone   Normal\n        high     999999\n")
+
+    def free(mib):
+        node0.joinpath("meminfo").write_text(f"Node 0 MemTotal: 4194304 kB\n"
+                                             f"Node 0 MemFree: {mib * 1024} kB\n")
+
+    d = make_daemon(tmp_path, units=4096, hot=4096, budget="1G", node_root=tmp_path / "node")
+    d.zoneinfo = zoneinfo
+    assert config_mod.zone_watermark(0, "high", zoneinfo.read_text()) == 1 * MIB
+    free(4)  # 4 MiB free - 1 MiB watermark - 1 MiB margin: room for 2 MiB
+    with caplog.at_level("INFO", logger="pagetier.daemon"):
+        assert d.step()["promoted"] == 512
+        free(2)
+        assert d.step()["promoted"] == 0
+        assert "node 0 is full (free memory at its high watermark)" in caplog.text
+        free(100)
+        assert d.step()["promoted"] == 4096 - 512
+        assert "node 0 has free memory again" in caplog.text
 
 
 def test_enomem_for_the_whole_call_is_a_full_node(monkeypatch):

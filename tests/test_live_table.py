@@ -60,16 +60,6 @@ def test_series_in_five_second_steps():
     assert out[1].split() == ["none", "0", "100"]
 
 
-def test_promotion_watermark_from_zoneinfo():
-    text = ("Node 0, zone    DMA32\n  pages free 5\n        min      8520\n        high     12780\n"
-            "        promo    14910\nNode 0, zone  Movable\n        high 32\n        promo    32\n"
-            "Node 1, zone    DMA32\n        promo    99999\n")
-    assert live_bench.zone_watermark(0, "promo", text) == (14910 + 32) * 4096
-    assert live_bench.zone_watermark(1, "promo", text) == 99999 * 4096
-    old = "Node 0, zone    DMA32\n        high     100\n"  # 6.1: no promo line
-    assert live_bench.zone_watermark(0, "promo", old) == 100 * 4096
-
-
 def test_config_names_check_policies():
     import pytest
 

@@ -265,6 +265,35 @@ def test_protocol(echo_server):
     s.close()
 
 
+def test_connections_per_user_are_bounded(tmp_path, monkeypatch):
+    """One unprivileged user cannot take every connection: past MAX_PER_USER the next one is
+    refused with a reason, and another user (root here) still gets in."""
+    uid = {"next": 1000}
+    real = control.peer_cred
+    monkeypatch.setattr(control, "peer_cred",
+                        lambda s: control.Peer(real(s).pid, uid["next"], real(s).gid))
+    srv = control.ControlServer(tmp_path / "c.sock", lambda peer, req: {"uid": peer.uid})
+    stop = threading.Event()
+    th = threading.Thread(target=serving, args=(srv, stop), daemon=True)
+    th.start()
+    try:
+        held = [connect(srv.path) for _ in range(control.MAX_PER_USER)]
+        for s in held:
+            assert ask(s, b'{"op": "status"}\n') == {"ok": True, "uid": 1000}
+        extra = connect(srv.path)
+        r = json.loads(extra.makefile("rb").readline())  # said at once, then closed
+        assert r["ok"] is False and "too many connections from uid 1000" in r["error"], r
+        uid["next"] = 0
+        root = connect(srv.path)
+        assert ask(root, b'{"op": "status"}\n') == {"ok": True, "uid": 0}
+        for s in [*held, extra, root]:
+            s.close()
+    finally:
+        stop.set()
+        th.join()
+        srv.close()
+
+
 def test_socket_path_claims(tmp_path, echo_server):
     srv, _ = echo_server
     with pytest.raises(ConfigError, match="another pagetier daemon is listening"):
