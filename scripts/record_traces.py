@@ -8,9 +8,8 @@ found it accessed) of one real program for ``--seconds``, read every ``--interva
 - ``hotcold-stable``: the built-in workload, 256 MiB with a fixed 32 MiB hot part;
 - ``hotcold-phased``: the same with the hot part moving every 6 s;
 - ``churn``: the built-in address-space churn program (map, unmap, mremap, fork);
-- ``torch-mlp``: a PyTorch CPU training loop (an MLP over a 48 MiB in-memory data set); not in
-  the committed set yet: importing torch in the emulated guest had not finished after 15 min
-  on a loaded host (2 cores, 8 VMs), so that recording was stopped;
+- ``torch-mlp``: a PyTorch CPU training loop (an MLP over a 48 MiB in-memory data set); its
+  recording takes about 12 minutes, most of it importing torch in the emulated guest;
 - ``redis``: redis-server under redis-benchmark (SETs that fill ~60 MiB, then GETs);
 - ``sqlite``: sqlite3 building an in-memory database of ~30 MiB with an index, then range
   queries on a hot id range and full scans;

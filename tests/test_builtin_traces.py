@@ -12,7 +12,7 @@ from pagetier.profiler.trace import read_trace
 
 # what the issue asks the set to hold: the built-in workload, a PyTorch loop, and programs
 # no one here wrote (a key-value store under its benchmark, a database or a compressor)
-REQUIRED = {"hotcold-stable", "hotcold-phased", "redis", "pagerank"}
+REQUIRED = {"hotcold-stable", "hotcold-phased", "torch-mlp", "redis", "pagerank"}
 
 
 def test_index_describes_every_trace_and_the_files_are_small():
