@@ -53,6 +53,9 @@ class VMResult:
     seconds: float
     reports: list[str] = field(default_factory=list)
     outdir: Path | None = None  # the guest's $PAGETIER_VM_OUT, kept after the run
+    started: bool = True  # the guest began running the command
+    vng_status: int | None = None  # vng's own exit status (negative: killed by that signal)
+    console: str = ""  # the guest kernel's console (loglevel 4) and vng's messages
 
     @property
     def ok(self) -> bool:
@@ -109,6 +112,9 @@ def _size_mb(size: str) -> int:
     return int(m.group(1)) * (1024 if m.group(2) == "G" else 1)
 
 
+TCG_CPU = "max,avx2=off"  # the emulated CPU (vng's default is "max")
+
+
 def kvm_usable() -> bool:
     return os.access("/dev/kvm", os.R_OK | os.W_OK)
 
@@ -138,6 +144,34 @@ def run(
     if vng is None:
         raise Unavailable("virtme-ng (vng) is missing: run scripts/setup.sh")
     fast_mb, slow_mb = _size_mb(fast), _size_mb(slow)
+    if kvm and not kvm_usable():
+        raise Unavailable("--kvm asked for, but /dev/kvm is not usable here")
+    res = _boot(vng, release, kernel, command, fast_mb, slow_mb, cpus, kvm, hmat, timeout, echo, env)
+    if res.started or res.seconds >= timeout:
+        return res
+    # The guest died before it ran a line of the command (a boot-time failure of the emulated
+    # machine, not of what runs in it): say so, with the console's tail, and boot once more.
+    note = (f"[pagetier vm: the {release} guest stopped before the command started (vng exit "
+            f"{res.vng_status} after {res.seconds:.0f} s); console tail:\n"
+            + _tail(res.console, 30) + "\n[pagetier vm: booting again]\n")
+    if echo:
+        sys.stdout.write(note)
+        sys.stdout.flush()
+    again = _boot(vng, release, kernel, command, fast_mb, slow_mb, cpus, kvm, hmat, timeout, echo,
+                  env)
+    again.output = note + again.output
+    again.seconds += res.seconds
+    # a kernel report while booting still fails the run: only a silent death is retried
+    again.reports = [f"first boot: {r}" for r in kernel_reports(res.console)] + again.reports
+    return again
+
+
+def _tail(text: str, n: int) -> str:
+    return "\n".join(text.splitlines()[-n:]) or "(empty)"
+
+
+def _boot(vng, release, kernel, command, fast_mb, slow_mb, cpus, kvm, hmat, timeout, echo,
+          env) -> VMResult:
     out_root = REPO / "build" / "vm"
     out_root.mkdir(parents=True, exist_ok=True)
     outdir = Path(tempfile.mkdtemp(prefix=f"{kernel}-", dir=out_root))
@@ -148,18 +182,22 @@ def run(
     runner = outdir / "runner.sh"
     runner.write_text(
         "#!/bin/sh\n"
+        + f": > {outdir}/started\n"
         + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in exports.items())
         + f"cd {shlex.quote(str(REPO))}\n"
         + f"sh -c {shlex.quote(command)} < /dev/null 2>&1\n"
         + f"echo $? > {outdir}/rc\n"
         + f"dmesg > {outdir}/dmesg\n"
     )
+    # vng --verbose shows the kernel console: it and vng's own messages (stderr) go to a file,
+    # at loglevel 4 (errors and worse), so a guest that dies while booting leaves a trace.
     args = [vng, "--run", f"/boot/vmlinuz-{release}", "--cpus", str(cpus),
-            "--memory", f"{fast_mb + slow_mb}M", "--rwdir", str(outdir), "--cwd", str(REPO)]
+            "--memory", f"{fast_mb + slow_mb}M", "--rwdir", str(outdir), "--cwd", str(REPO),
+            "--verbose", "--append", "loglevel=4"]
     if not kvm:
-        args.append("--disable-kvm")
-    elif not kvm_usable():
-        raise Unavailable("--kvm asked for, but /dev/kvm is not usable here")
+        # QEMU 7.2's emulated AVX2 gathers raised a #GP in a correct numpy loop in the guest
+        # (vpgatherqq in the daemon, which is no target): guests get no AVX2 under emulation
+        args += ["--disable-kvm", "--qemu-opt=-cpu", f"--qemu-opt={TCG_CPU}"]
     if hmat:
         # "=" form: the value starts with "-", which argparse would take for an option
         args += ["--disable-microvm", f"--qemu-opts={_hmat_opts(fast_mb, slow_mb, cpus)}"]
@@ -168,45 +206,53 @@ def run(
     args += ["--exec", f"sh {runner}"]
     t0 = time.monotonic()
     lines: list[str] = []
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True,
-                            env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"})
+    console_file = outdir / "console"
+    with open(console_file, "w") as console:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=console, text=True,
+                                errors="replace", start_new_session=True,
+                                env={**os.environ,
+                                     "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"})
 
-    def kill_all():
-        # vng's QEMU is its child and holds our pipe: kill the whole session, or it runs on
+        def kill_all():
+            # vng's QEMU is its child and holds our pipe: kill the whole session, or it runs on
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        watchdog = threading.Timer(timeout, kill_all)  # a hung guest prints nothing: kill it
+        watchdog.start()
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    watchdog = threading.Timer(timeout, kill_all)  # a hung guest prints nothing: kill it
-    watchdog.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if echo:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        proc.wait()
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            kill_all()
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if echo:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
             proc.wait()
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                kill_all()
+                proc.wait()
     if time.monotonic() - t0 >= timeout:
         lines.append(f"\n[pagetier vm: timed out after {timeout:.0f} s]\n")
     elapsed = time.monotonic() - t0
     rc_file, dmesg_file = outdir / "rc", outdir / "dmesg"
     rc = int(rc_file.read_text().strip() or 255) if rc_file.exists() else 255
     dmesg = dmesg_file.read_text(errors="replace") if dmesg_file.exists() else ""
+    console_text = console_file.read_text(errors="replace")
     output = "".join(lines)
     (outdir / "output").write_text(output)  # kept for a look after a failure
     reports = kernel_reports(dmesg)
     if not dmesg_file.exists():
-        # The guest died before it could write its log: the console output is all there is.
-        reports = kernel_reports(output) or ["guest did not finish (no dmesg collected)"]
-    return VMResult(release, command, rc, output, dmesg, elapsed, reports, outdir)
+        # The guest died before it could write its log: its console is all there is.
+        reports = (kernel_reports(console_text) or kernel_reports(output)
+                   or [f"guest did not finish (no dmesg collected; vng exit {proc.returncode}); "
+                       f"console tail:\n    " + _tail(console_text, 15).replace("\n", "\n    ")])
+    return VMResult(release, command, rc, output, dmesg, elapsed, reports, outdir,
+                    started=(outdir / "started").exists(), vng_status=proc.returncode,
+                    console=console_text)
 
 
 def _hmat_opts(fast_mb: int, slow_mb: int, cpus: int) -> str:

@@ -3,6 +3,10 @@
 One boot per kernel keeps the suite inside CI's time; the guest's pytest prints each test's
 result, and the boot fails on any kernel report in dmesg (Oops, BUG, WARNING, ...).
 """
+import subprocess
+import threading
+import time
+
 import pytest
 
 from pagetier import vm
@@ -21,7 +25,8 @@ def _need(kernel):
 def test_guest_suite(kernel, built):
     _need(kernel)
     res = vm.run(
-        "python -m pytest -p no:cacheprovider -q -rfEs tests/guest", kernel=kernel,
+        "python -m pytest -p no:cacheprovider -v --durations=25 -rfEs tests/guest",
+        kernel=kernel,
         timeout=2400, echo=False,
     )
     print(res.output)
@@ -49,3 +54,36 @@ def test_kernel_report_patterns():
     assert vm.kernel_reports("[ 3.0] WARNING: CPU: 1 PID: 5 at mm/memory.c:123\n")
     assert vm.kernel_reports("Corrupted page table at address 7f00\n")
     assert not vm.kernel_reports("[ 1.1] PCI: Using host bridge windows from ACPI; report a bug\n")
+
+
+def test_guest_that_dies_while_booting_is_booted_again(built):
+    """QEMU killed before the command starts (as an OOM kill would): the run says so, with the
+    console's tail, boots once more and the command's result is that of the second boot."""
+    kernel = "6.12" if "6.12" in vm.kernels() else next(iter(vm.kernels()), None)
+    if kernel is None:
+        pytest.skip("no kernel installed")
+    out_root = vm.REPO / "build" / "vm"
+    out_root.mkdir(parents=True, exist_ok=True)
+    before = set(out_root.iterdir())
+    killed = []
+
+    def kill_first_qemu():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            for d in set(out_root.iterdir()) - before:
+                if (d / "started").exists():
+                    return  # too late: the command already runs
+                r = subprocess.run(["pkill", "-KILL", "-f", f"qemu-system.*{d.name}"])
+                if r.returncode == 0:
+                    killed.append(d.name)
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_first_qemu)
+    killer.start()
+    res = vm.run("echo second boot ran me", kernel=kernel, timeout=600)
+    killer.join()
+    assert killed, "the test could not kill the first boot in time"
+    assert "stopped before the command started" in res.output
+    assert "booting again" in res.output
+    assert "second boot ran me" in res.output
+    assert res.ok, res.reports
