@@ -7,7 +7,11 @@
  * Each tick carries two fractions: "fast_fraction", the share of the hot part's pages on the
  * fast node at the tick, and "access_fast_fraction", the share of the accesses made since the
  * last tick that went to pages on the fast node (each page weighted by its own access counter,
- * word 0, at the node it was on at the tick).
+ * word 0, at the node it was on at the tick). Both count only the pages whose node the query
+ * could tell: on 6.1, move_pages answers -EFAULT for a page that carries the PROT_NONE hinting
+ * mark (its follow_page honours NUMA hinting), so a page marked by a profiler at the moment of
+ * the query has no node for that tick. "unknown_pages" says how many; when none is known the
+ * tick repeats the last fractions.
  *
  * Usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N] [--fast-node N]
  *                [--duration S] [--phase S] [--no-thp] [--quiet] [--wait]
@@ -77,12 +81,14 @@ static long arg_long(const char *opt, const char *v, long lo, long hi)
 /*
  * Fraction of pages [first, first+n) on fast_node, by a move_pages query; with ``seen`` (the
  * pages' access counters at the last tick), also the fraction of the accesses since then that
- * went to pages on fast_node (*weighted), and ``seen`` is brought up to date.
+ * went to pages on fast_node (*weighted), and ``seen`` is brought up to date. Pages whose node
+ * the query cannot tell (a negative status) are left out of both and counted in *unknown;
+ * with none known, *frac and *weighted keep their values. Returns -1 when the query fails.
  */
-static double fraction_on(char *buf, size_t first, size_t n, int fast_node, int *status, void **pages,
-			  uint64_t *seen, double *weighted)
+static int fraction_on(char *buf, size_t first, size_t n, int fast_node, int *status, void **pages,
+		       uint64_t *seen, double *frac, double *weighted, size_t *unknown)
 {
-	size_t i, on = 0;
+	size_t i, on = 0, known = 0;
 	uint64_t acc_on = 0, acc_all = 0;
 	for (i = 0; i < n; i++)
 		pages[i] = buf + (first + i) * PAGE;
@@ -91,12 +97,19 @@ static double fraction_on(char *buf, size_t first, size_t n, int fast_node, int 
 	for (i = 0; i < n; i++) {
 		uint64_t c = *(volatile uint64_t *)pages[i], d = c - seen[i];
 		seen[i] = c;
+		if (status[i] < 0)
+			continue;
+		known++;
 		on += status[i] == fast_node;
 		acc_all += d;
 		acc_on += status[i] == fast_node ? d : 0;
 	}
-	*weighted = acc_all ? (double)acc_on / acc_all : 0;
-	return n ? (double)on / n : 0;
+	*unknown = n - known;
+	if (known) {
+		*frac = (double)on / known;
+		*weighted = acc_all ? (double)acc_on / acc_all : 0;
+	}
+	return 0;
 }
 
 /* The access counters of pages [first, first+n), as the starting point of a tick. */
@@ -161,6 +174,11 @@ int main(int argc, char **argv)
 	void **pages = calloc(hot_pages, sizeof(void *));
 	uint64_t *seen = calloc(hot_pages, sizeof(uint64_t));
 	if (!status || !pages || !seen) { perror("hotcold: calloc"); return 1; }
+	/* touch the tick's arrays now: after "ready", the process takes no page fault of its own
+	 * (tests count its faults to tell whether a profiler left pages inaccessible) */
+	memset(status, 0xff, hot_pages * sizeof(int));
+	memset(pages, 0xff, hot_pages * sizeof(void *));
+	counters(buf, hot_first, hot_pages, seen);
 	printf("{\"event\":\"ready\",\"pid\":%d,\"addr\":%lu,\"size\":%zu,\"hot_addr\":%lu,\"hot_size\":%zu,"
 	       "\"page_size\":%lu}\n", getpid(), (unsigned long)buf, len,
 	       (unsigned long)(buf + hot_first * PAGE), hot_pages * PAGE, PAGE);
@@ -179,7 +197,7 @@ int main(int argc, char **argv)
 		sigprocmask(SIG_UNBLOCK, &set, NULL);
 	}
 
-	double t0 = now(), last = t0, frac_sum = 0, acc_frac_sum = 0, wf = 0;
+	double t0 = now(), last = t0, frac_sum = 0, acc_frac_sum = 0, f = 0, wf = 0;
 	uint64_t accesses = 0, tick_acc = 0, lcg = 12345;
 	long ticks = 0, cur_phase = 0;
 	while (!stop && (duration == 0 || now() - t0 < duration)) {
@@ -193,13 +211,16 @@ int main(int argc, char **argv)
 		accesses += 4096, tick_acc += 4096;
 		double t = now();
 		if (t - last >= 1.0) {
-			double f = fraction_on(buf, hot_first, hot_pages, fast_node, status, pages, seen, &wf);
-			ticks++, frac_sum += f, acc_frac_sum += wf;
+			size_t unknown = 0;
+			double tf = fraction_on(buf, hot_first, hot_pages, fast_node, status, pages, seen,
+						&f, &wf, &unknown) == 0 ? f : -1;
+			ticks++, frac_sum += tf, acc_frac_sum += wf;
 			if (!quiet)
 				printf("{\"event\":\"tick\",\"t\":%.2f,\"phase\":%ld,\"hot_addr\":%lu,"
 				       "\"accesses_per_s\":%.0f,\"fast_fraction\":%.4f,"
-				       "\"access_fast_fraction\":%.4f}\n", t - t0, cur_phase,
-				       (unsigned long)(buf + hot_first * PAGE), tick_acc / (t - last), f, wf);
+				       "\"access_fast_fraction\":%.4f,\"unknown_pages\":%zu}\n", t - t0,
+				       cur_phase, (unsigned long)(buf + hot_first * PAGE), tick_acc / (t - last),
+				       tf, wf, unknown);
 			fflush(stdout);
 			tick_acc = 0, last = t;
 			if (phase > 0 && (long)((t - t0) / phase) != cur_phase) {

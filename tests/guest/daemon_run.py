@@ -61,9 +61,25 @@ class DaemonRun:
                 raise AssertionError(f"daemon exited ({self.proc.returncode}) before {what}:\n"
                                      f"{self.stderr[-3000:]}")
             if time.monotonic() - t0 > timeout:
-                raise AssertionError(f"no {what} in {timeout:.0f} s; moved {self.moved()} pages; "
+                raise AssertionError(f"no {what} in {timeout:.0f} s; moved {self.moved()} pages "
+                                     f"in {len(self.stats)} intervals; {self.diagnosis()}\n"
                                      f"stderr:\n{self.stderr[-3000:]}")
             time.sleep(0.2)
+
+    def diagnosis(self) -> str:
+        """What a stalled run looks like: its last stats line, and where the daemon and its
+        children wait in the kernel."""
+        last = self.stats[-1] if self.stats else None
+        waits = []
+        for pid in [self.proc.pid, *_children(self.proc.pid)]:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                wchan = Path(f"/proc/{pid}/wchan").read_text()
+                stack = Path(f"/proc/{pid}/stack").read_text().replace("\n", " | ")
+            except OSError:
+                continue
+            waits.append(f"pid {pid} state {stat} wchan {wchan} stack {stack}")
+        return f"last stats: {last}; " + "; ".join(waits)
 
     def status(self) -> dict | None:
         """This daemon's status file (None before the first interval or after it ends)."""
@@ -88,6 +104,13 @@ class DaemonRun:
             self._t.join(10)
             self._e.join(10)
         return self.proc.returncode
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def rss_kib(pid: int) -> int:

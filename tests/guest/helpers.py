@@ -1,7 +1,9 @@
 """Shared by the guest tests: the module, vmstat, the built-in workload's truth."""
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -51,3 +53,36 @@ def wait_scans(dev: kmod.Device, pid: int, n: int, timeout: float = 60) -> dict:
             return st
         time.sleep(0.05)
     raise TimeoutError(f"fewer than {n} scans in {timeout} s")
+
+
+def split_json_lines(stdout: str) -> tuple[list[dict], list[dict]]:
+    """(daemon stats lines, workload events) from a `pagetier run --json` stdout: events are
+    the JSON lines with an "event" key; lines that are not JSON are skipped."""
+    stats, events = [], []
+    for line in stdout.splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        (events if isinstance(d, dict) and "event" in d else stats).append(d)
+    return stats, events
+
+
+def minor_faults(pid: int) -> int:
+    """``pid``'s minor page faults so far (/proc/PID/stat); a hinting fault is one."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+def faults_in(pids, seconds: float) -> int:
+    """Hinting faults the processes ``pids`` take in ``seconds``: none once the module has
+    stopped marking them and restored what it marked. Two counters, each with noise of its own,
+    bound that number from above, and the smaller one is returned: vmstat's numa_hint_faults
+    also counts pages the kernel's own NUMA balancing marked in other processes (pytest itself)
+    while an earlier test had it on, which fault whenever touched; the targets' minor faults also
+    count faults of other kinds (seen on 6.1: about 2 a second per huge page of the built-in
+    workload after a fault-mode detach, while numa_hint_faults stood still)."""
+    pids = list(pids)
+    g0, f0 = vmstat("numa_hint_faults"), [minor_faults(p) for p in pids]
+    time.sleep(seconds)
+    own = sum(minor_faults(p) - f for p, f in zip(pids, f0))
+    return min(vmstat("numa_hint_faults") - g0, own)

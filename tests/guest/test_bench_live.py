@@ -6,9 +6,7 @@ import pytest
 from pagetier import live_bench, live_table, tiering
 from pagetier.profiler import damon, kmod
 
-# Out of the default run (scripts/hardening.sh and `-m long` run it): with these modules the
-# guest suite did not finish in 40 min per kernel on this 2-core host (session 2).
-pytestmark = [pytest.mark.vm, pytest.mark.long]
+pytestmark = pytest.mark.vm
 
 SPEC = live_bench.Spec(seconds=4, phase=0, size_mb=32, hot_mb=8, budget_mb=16)
 

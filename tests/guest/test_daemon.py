@@ -8,7 +8,6 @@ placement tests check, with the daemon's JSON stats lines for the budget.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,8 @@ import pytest
 
 from pagetier.daemon import mover
 from pagetier.workload import Workload, binary
+
+from helpers import split_json_lines
 
 NUMAB = Path("/proc/sys/kernel/numa_balancing")
 PAGETIER = [sys.executable, "-m", "pagetier.cli"]
@@ -51,22 +52,10 @@ def numab_on():
     NUMAB.write_text("0")
 
 
-def split(stdout: str) -> tuple[list[dict], list[dict]]:
-    """(daemon stats lines, workload events) from a `pagetier run --json` stdout."""
-    stats, events = [], []
-    for line in stdout.splitlines():
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        (events if "event" in d else stats).append(d)
-    return stats, events
-
-
 def run_daemon(env, daemon_args, workload_args, timeout=240):
     cmd = [*PAGETIER, "run", "--json", *daemon_args, "--", str(binary()), *workload_args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    stats, events = split(r.stdout)
+    stats, events = split_json_lines(r.stdout)
     return r, stats, events
 
 
@@ -131,7 +120,7 @@ def test_attach_moves_hot_pages(env, numab_on, tmp_path):
                "--duration", "15", "--json"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
-        stats, _ = split(r.stdout)
+        stats, _ = split_json_lines(r.stdout)
         check_budget(stats, 48 * MIB)
         hot = np.arange(rd["hot_addr"], rd["hot_addr"] + rd["hot_size"], 4096, dtype=np.uint64)
         nodes = mover.query_nodes(w.pid, hot)

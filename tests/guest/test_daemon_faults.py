@@ -17,14 +17,12 @@ import pytest
 
 from pagetier.daemon import mover
 from pagetier.profiler import kmod
-from pagetier.workload import Workload, binary
+from pagetier.workload import Workload
 
 from daemon_run import NUMAB, PAGETIER, DaemonRun, run_env
-from helpers import vmstat
+from helpers import faults_in
 
-# Out of the default run (scripts/hardening.sh and `-m long` run it): with these modules the
-# guest suite did not finish in 40 min per kernel on this 2-core host (session 2).
-pytestmark = [pytest.mark.vm, pytest.mark.long]
+pytestmark = pytest.mark.vm
 MIB = 1 << 20
 WAIT = 900  # seconds: a daemon's start (imports) alone can take minutes on a loaded host
 
@@ -51,10 +49,16 @@ def targets() -> str:
     return (kmod.SYSFS / "targets").read_text()
 
 
-def clean_exit(d: DaemonRun, rc: int = 0) -> None:
+@pytest.fixture
+def numab_off():
+    """numa_balancing 0: the kernel's own balancing must not move the pages a test set up."""
+    NUMAB.write_text("0")
+
+
+def clean_exit(d: DaemonRun, rc: int = 0, numab: str = "1") -> None:
     assert d.proc.returncode == rc, d.stderr[-3000:]
     assert "Traceback" not in d.stderr, d.stderr[-3000:]
-    assert NUMAB.read_text().strip() == "1", "numa_balancing not restored"
+    assert NUMAB.read_text().strip() == numab, "numa_balancing not restored"
     assert targets() == "", f"left attached: {targets()}"
 
 
@@ -89,22 +93,27 @@ def _node_free(node: int) -> int:
     raise KeyError("MemFree")
 
 
-def test_fast_node_full(env, numab_on):
-    """A hog fills node 0; the daemon's promotions hit ENOMEM: it logs that the node is full,
-    keeps running, and resumes promoting once the hog is gone."""
+def test_fast_node_full(env, numab_off):
+    """A hog fills node 0: the daemon stops promoting at node 0's high watermark (or on ENOMEM),
+    logs that the node is full, keeps running, and resumes promoting once the hog is gone.
+
+    numa_balancing stays 0 throughout: with it on, the kernel itself moved the target's hot
+    part to node 0 before the daemon started, leaving the daemon nothing to promote."""
     w = Workload("--size", "224", "--hot", "192", "--start-node", "1", "--duration", "0",
                  "--quiet", "--no-thp")
-    # leave less than the hot set; a thinner margin got the hog OOM-killed (seen on 6.12)
-    hog_mb = max(0, _node_free(0) // MIB - 160)
-    hog = Workload("--size", str(hog_mb), "--hot", "1", "--start-node", "0", "--duration", "0",
-                   "--quiet")
+    # more than node 0 has free, preferring node 0: node 0 fills to its watermark and the rest
+    # falls back to node 1 (binding it to node 0 got it OOM-killed whatever the margin)
+    hog_mb = _node_free(0) // MIB + 64
+    hog = Workload("--size", str(hog_mb), "--hot", "1", "--duration", "0", "--quiet", "--no-thp",
+                   cmd_prefix=["numactl", "--preferred=0"])
     try:
         d = DaemonRun(["attach", str(w.pid), "--json", "--interval", "0.5", "--rate", "0"], env)
         try:
-            d.wait_for(lambda: any(s["nomem"] for s in d.stats), WAIT, "ENOMEM from move_pages")
+            d.wait_for(lambda: "node 0 is full" in d.stderr, WAIT, "the daemon finding node 0 full")
+            n = len(d.stats)  # the hog exits within the next few intervals: watch from here
             assert hog.stop() == 0
-            n = len(d.stats)
-            d.wait_for(lambda: any(s["promoted"] for s in d.stats[n + 1:]), WAIT,
+            d.wait_for(lambda: "node 0 has free memory again" in d.stderr
+                       and any(s["promoted"] for s in d.stats[n:]), WAIT,
                        "promotions after the node had room again")
         finally:
             d.stop()
@@ -113,8 +122,8 @@ def test_fast_node_full(env, numab_on):
             hog.stop()
     print(f"fast node full: hog {hog_mb} MiB; nomem pages per interval: "
           f"{[s['nomem'] for s in d.stats if s['nomem']][:10]}")
-    clean_exit(d)
-    assert "node 0 is full (move_pages: ENOMEM)" in d.stderr
+    clean_exit(d, numab="0")
+    assert "node 0 is full (" in d.stderr
     assert "node 0 has free memory again" in d.stderr
     assert w.stop() == 0
 
@@ -204,8 +213,12 @@ def test_shared_pages_not_retried_every_interval(env, numab_on, tmp_path):
     print(f"shared pages: failed per interval {failed}; errors {errs}")
     clean_exit(d)
     assert "EACCES" in errs, errs
-    # 8 MiB = 2048 pages, each tried at most once within STUCK_RETRY (32) intervals
-    assert sum(failed) <= 2048, failed
+    # the shared buffer (and shared library pages: abit mode counts file pages too) fail on the
+    # first try; within STUCK_RETRY (32) intervals only units new since then are tried
+    assert failed[0] >= 2048 and sum(failed[1:]) <= 0.05 * failed[0], failed
+    # they stay on node 0 outside the budget; what the daemon can move is within it
+    last = d.stats[-1]
+    assert last["fast_unmovable"] >= 8 * MIB and last["fast_used"] <= last["budget"], last
 
 
 def test_sigkill_restart_no_leftovers(env, numab_on, tmp_path):
@@ -220,9 +233,10 @@ def test_sigkill_restart_no_leftovers(env, numab_on, tmp_path):
     assert targets() == "", "the module kept a target of a dead daemon"
     stale = list((tmp_path / "run").glob("daemon-*.json"))
     assert stale, "expected the dead daemon's status file"
-    f0 = vmstat("numa_hint_faults")
-    time.sleep(0.5)
-    assert vmstat("numa_hint_faults") == f0, "pages still marked after the daemon died"
+    # the module restored every page it made inaccessible (and any the kernel's balancing marked
+    # before the daemon started): the target's steady loop takes no fault
+    faults = faults_in([w.pid], 2)
+    assert faults == 0, f"{faults} hinting faults in the target after the daemon died"
     st = subprocess.run([*PAGETIER, "status"], capture_output=True, text=True, env=env)
     assert "dead: stale status" in st.stdout, st.stdout
     d2 = DaemonRun(["attach", str(w.pid), "--json", "--interval", "0.5", "--duration", "3"], env)

@@ -20,9 +20,7 @@ from pagetier.workload import binary
 from daemon_run import DaemonRun, run_env
 from helpers import vmstat
 
-# Out of the default run (scripts/hardening.sh and `-m long` run it): with these modules the
-# guest suite did not finish in 40 min per kernel on this 2-core host (session 2).
-pytestmark = [pytest.mark.vm, pytest.mark.long]
+pytestmark = pytest.mark.vm
 
 CASES = [(mode, thp) for mode in ("fault", "abit") for thp in (True, False)]
 

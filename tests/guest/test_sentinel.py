@@ -22,6 +22,8 @@ import pytest
 
 from pagetier.daemon import control
 
+from helpers import split_json_lines
+
 REPO = Path(__file__).resolve().parents[2]
 PAGETIER = [sys.executable, "-m", "pagetier.cli"]
 MIB = 1 << 20
@@ -48,30 +50,21 @@ def run_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def lines(stdout: str) -> tuple[list[dict], list[dict]]:
-    stats, events = [], []
-    for line in stdout.splitlines():
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        (events if "event" in d else stats).append(d)
-    return stats, events
-
-
 # step 0 warms up, step 1 is profiled, step 2 runs with the profile (boundary steps)
 STEPS = 3
 
 
 @pytest.mark.parametrize("framework,budget_mib", [
-    # minutes per kernel in the emulated guest: out of the default run (`-m long` runs it)
-    pytest.param("numpy", 24, marks=pytest.mark.long),
-    # torch's import alone takes 3-10 minutes in the emulated guest: not in the default run
-    pytest.param("torch", 40, marks=pytest.mark.long),
+    pytest.param("numpy", 24),
+    # torch's import is slow in the emulated guest (about a minute on a quiet host, ten on a
+    # loaded one): on 6.12 only
+    pytest.param("torch", 40),
 ])
-def test_sentinel_trains_the_example(run_dir, framework, budget_mib):
+def test_sentinel_trains_the_example(run_dir, framework, budget_mib, kernel_series):
     """The example trains to the end under sentinel, within the budget, and its tensors move
     at layer boundaries."""
+    if framework == "torch" and kernel_series != "6.12":
+        pytest.skip("the PyTorch run (torch's import is slow under emulation) runs on 6.12 only")
     budget = budget_mib * MIB
     cmd = [*PAGETIER, "run", "--json", "--policy", "sentinel", "--fast-budget", f"{budget_mib}M",
            "--interval", "1", "--profiler", "kmod", "--profiler-option", "scan_period_ms=200",
@@ -81,7 +74,7 @@ def test_sentinel_trains_the_example(run_dir, framework, budget_mib):
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
     wall = time.monotonic() - t0
-    stats, events = lines(r.stdout)
+    stats, events = split_json_lines(r.stdout)
     why = f"stderr: {r.stderr[-3000:]}\nevents: {events}"
     assert r.returncode == 0, why
     start = [e for e in events if e["event"] == "start"]
@@ -92,11 +85,17 @@ def test_sentinel_trains_the_example(run_dir, framework, budget_mib):
     losses = [s["loss"] for s in steps]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
     assert stats and all(s["budget"] == budget for s in stats)
-    # over the budget only where the kernel refused to move pages (the daemon cannot help it)
-    over = [{k: s[k] for k in ("interval", "boundary", "fast_used", "demoted", "forced_demotions",
-                               "failed", "busy", "errors")} for s in stats if s["fast_used"] > budget]
-    print(f"intervals over the budget, all with pages the kernel refused to move: {over}")
-    assert all(s["failed"] + s["busy"] > 0 for s in over), f"over the budget: {over}"
+    # the budget holds for the pages the daemon can move (fast_used); pages the kernel refuses
+    # to move (shared with other processes) are fast_unmovable; over it only in an interval
+    # whose moves the kernel refused (the daemon learns which pages those are), or could not
+    # make because the slow node was full (nomem: then the application's own allocations spill
+    # onto the fast node and nothing can be demoted until the slow node has room)
+    keys = ("interval", "boundary", "fast_used", "fast_unmovable", "promoted", "demoted",
+            "forced_demotions", "failed", "busy", "nomem", "gone", "errors", "resident")
+    over = [{k: s[k] for k in keys} for s in stats if s["fast_used"] > budget]
+    print(f"intervals over the budget: {over}; most fast memory unmovable: "
+          f"{max(s['fast_unmovable'] for s in stats) / MIB:.1f} MiB")
+    assert all(s["failed"] + s["busy"] + s["nomem"] > 0 for s in over), f"over the budget: {over}"
     boundary = [s for s in stats if s["boundary"]]
     active = [s for s in boundary if s["policy"].get("mode") == "active"]
     moved = [s for s in active if s["promoted"] + s["demoted"] > 0]
@@ -109,7 +108,10 @@ def test_sentinel_trains_the_example(run_dir, framework, budget_mib):
     assert "profile of 8 layers" in r.stderr, why  # 4 Linear layers, forward and backward
     assert active, f"no boundary step in active mode: {why}"
     assert active[-1]["policy"]["profiled"] > 0, active[-1]["policy"]
-    assert {s["policy"]["layer"] for s in active} >= {"fwd:0", "bwd:0"}, summary
+    # boundaries that arrive while the daemon is busy are coalesced into one step at the latest
+    # layer, so which layers get a step varies; both passes must
+    layers = {s["policy"]["layer"] for s in active}
+    assert {x.split(":")[0] for x in layers} == {"fwd", "bwd"}, summary
     assert any(s["policy"]["objects_moved"] > 0 for s in moved), summary
 
 
