@@ -11,6 +11,7 @@ import fcntl
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from pagetier.profiler.base import HUGE_PAGES, Profiler, Sample, register
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = Path("/sys/kernel/pagetier")
+FIRST_SCAN_WAIT_S = 5.0  # attach waits this long at most for the module's first scan
 
 _ERRNO_HINTS = {
     errno.ESRCH: "no such process (or it is not attached)",
@@ -202,8 +204,22 @@ class KmodProfiler(Profiler):
             raise Unavailable("kmod: Linux only")
 
     def attach(self, pid: int) -> None:
+        """Attach, then wait (FIRST_SCAN_WAIT_S at most) for the module's first scan of the
+        target: until it ends the module knows only part of the target's pages."""
         self.dev.attach(pid, self.mode, self.scan_period_ms, self.sample_ratio, self.page_budget)
         self.pids.add(pid)
+        deadline = time.monotonic() + FIRST_SCAN_WAIT_S
+        while not self._scanned(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _scanned(self, pid: int) -> bool:
+        """Whether the module has scanned ``pid`` once (or cannot say: the target is gone)."""
+        try:
+            return self.dev.stats(pid)["scans"] > 0
+        except KmodError as e:
+            if e.errno != errno.ESRCH:
+                raise
+            return True
 
     def detach(self, pid: int) -> None:
         self.pids.discard(pid)
@@ -214,8 +230,10 @@ class KmodProfiler(Profiler):
                 raise
 
     def read(self, pid: int, reset: bool = True, accessed_only: bool = False) -> Sample:
+        # a read before the module's first scan ends lists only the pages scanned so far
+        complete = not accessed_only and self._scanned(pid)
         rec = self.dev.read(pid, reset=reset, accessed_only=accessed_only)
-        return records_to_sample(pid, rec, complete=not accessed_only)
+        return records_to_sample(pid, rec, complete=complete)
 
     def stats(self, pid: int) -> dict:
         return self.dev.stats(pid)

@@ -120,6 +120,24 @@ def test_detach_restores_every_page(dev):
     assert (kmod.SYSFS / "targets").read_text() == ""
 
 
+@pytest.mark.parametrize("mode", ["fault", "abit"])
+def test_profiler_first_read_lists_every_page(mode):
+    """The first read after attach holds every page of the target (the module's first scan has
+    ended), so a daemon's first interval decides on all of them; a read before that scan ends
+    would say it is partial."""
+    with Workload("--size", "256", "--hot", "8", "--no-thp", "--duration", "0", "--quiet") as w:
+        prof = kmod.KmodProfiler(mode=mode, scan_period_ms=5000)
+        try:
+            prof.attach(w.pid)
+            sample = prof.read(w.pid)
+        finally:
+            prof.detach(w.pid)
+            prof.close()
+        assert w.stop() == 0
+    assert sample.complete
+    assert int(sample.npages.sum()) >= (256 << 20) // 4096, int(sample.npages.sum())
+
+
 def test_target_exit_while_attached(dev):
     w = Workload("--size", "32", "--hot", "8", "--duration", "1", "--quiet")
     dev.attach(w.pid, "fault", scan_period_ms=50)
