@@ -18,6 +18,7 @@ One interval (:meth:`Daemon.step`):
 6. a stats dict, printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
+The first interval ends one interval after the start: a decision needs counts to rest on.
 Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
 status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
 policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
@@ -715,6 +716,12 @@ class Daemon:
                         raise
                     log.info("pid %d exited before it could be attached", pid)
             deadline = None if self.duration is None else self._t0 + self.duration
+            # the first decision rests on one interval of counts: a read right after attach
+            # has none (abit mode counts from its second scan), and a policy deciding on zero
+            # heat would move pages blindly
+            self.write_status()
+            first = time.monotonic() + self.cfg.interval
+            self._wait(first if deadline is None else min(first, deadline))
             while self.stop_reason is None and self._signal is None:
                 if self._reload:
                     self.reload()
