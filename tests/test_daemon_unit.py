@@ -308,6 +308,30 @@ def test_run_returns_child_status_and_writes_status(tmp_path):
     assert f"pid {os.getpid()}" in text and "targets:" in text
 
 
+def test_first_interval_after_one_interval_of_counts(tmp_path):
+    """The first decision comes one interval after the start, not on a read made right after
+    attach (no counts yet); the status file exists from the start."""
+    cfg = config_mod.load(None, {"policy": "test-greedy", "profiler": "stub", "interval": 0.3,
+                                 "fast_budget": "4M", "json": True})
+    prof = StubProfiler(units=256, hot=16)
+    d = Daemon(cfg, pids=(4242,), profiler=prof, policy=Greedy(), mover=StubMover(prof),
+               numab=False, status_path=tmp_path / "daemon-1.json", handle_signals=False,
+               out=open(os.devnull, "w"), duration=0.5)
+    d._alive = lambda pid: True
+    first = []
+    orig = d.step
+
+    def step(boundary=False):
+        if not first:
+            first.append(((tmp_path / "daemon-1.json").exists(), time.monotonic() - d._t0))
+        return orig(boundary)
+
+    d.step = step
+    assert d.run() == 0
+    existed, t = first[0]
+    assert existed and t >= 0.3
+
+
 def test_cgroup_followed(tmp_path):
     cg = tmp_path / "cg"
     cg.mkdir()
