@@ -210,6 +210,7 @@ def test_bad_input_gets_clear_errnos(dev):
         with pytest.raises(kmod.KmodError) as e:
             dev.attach(w.pid, "fault")
         assert e.value.errno == errno.EBUSY
+        wait_scans(dev, w.pid, 1)  # records to copy out: before the first scan a read copies none
         r = np.zeros(1, uapi.READ_T)
         r["pid"], r["buf_len"] = w.pid, 16
         for ptr in (0, 8, 0xFFFF_FFFF_FFFF_F000, 0xFFFF_8880_0000_0000):
