@@ -14,7 +14,15 @@
  * tick repeats the last fractions.
  *
  * Usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N] [--fast-node N]
- *                [--duration S] [--phase S] [--no-thp] [--quiet] [--wait]
+ *                [--duration S] [--phase S] [--no-thp] [--noise-ppm N] [--cold-rate HZ]
+ *                [--quiet] [--wait]
+ *
+ * Sparse accesses to cold memory, as real programs make them (allocator metadata, garbage
+ * collection, a lookup now and then): --noise-ppm N sends N of every million accesses to a
+ * random page of the whole buffer instead of the hot part; --cold-rate HZ touches, HZ times a
+ * second in all, a random page outside the hot part (paced by the clock, whatever the access
+ * rate). Noise raises the pages' access counters (word 0), but fast_fraction and
+ * access_fast_fraction still describe the hot part only.
  *
  * --wait: after the ready line, wait for SIGUSR1 before the first access (the clock starts then),
  * so that whatever manages placement can be set up against the touched memory first.
@@ -60,7 +68,8 @@ static inline uint64_t pattern(uint64_t i, uint64_t k)
 static void usage(void)
 {
 	fprintf(stderr, "usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N]\n"
-			"               [--fast-node N] [--duration S] [--phase S] [--no-thp] [--quiet] [--wait]\n");
+			"               [--fast-node N] [--duration S] [--phase S] [--no-thp]\n"
+			"               [--noise-ppm N] [--cold-rate HZ] [--quiet] [--wait]\n");
 	exit(2);
 }
 
@@ -122,7 +131,7 @@ static void counters(char *buf, size_t first, size_t n, uint64_t *seen)
 int main(int argc, char **argv)
 {
 	long size_mb = 256, hot_mb = 32, hot_off_mb = 0, start_node = -1, fast_node = 0;
-	long duration = 30, phase = 0, thp = 1, quiet = 0, wait = 0;
+	long duration = 30, phase = 0, thp = 1, quiet = 0, wait = 0, noise_ppm = 0, cold_rate = 0;
 	int i;
 	for (i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -134,6 +143,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--duration")) duration = arg_long(a, v, 0, 1L << 30), i++;
 		else if (!strcmp(a, "--phase")) phase = arg_long(a, v, 0, 1L << 30), i++;
 		else if (!strcmp(a, "--no-thp")) thp = 0;
+		else if (!strcmp(a, "--noise-ppm")) noise_ppm = arg_long(a, v, 0, 1000000), i++;
+		else if (!strcmp(a, "--cold-rate")) cold_rate = arg_long(a, v, 0, 10000000), i++;
 		else if (!strcmp(a, "--quiet")) quiet = 1;
 		else if (!strcmp(a, "--wait")) wait = 1;
 		else usage();
@@ -198,18 +209,38 @@ int main(int argc, char **argv)
 	}
 
 	double t0 = now(), last = t0, frac_sum = 0, acc_frac_sum = 0, f = 0, wf = 0;
-	uint64_t accesses = 0, tick_acc = 0, lcg = 12345;
+	double cold_due = 0, last_cold = t0; /* cold touches owed by --cold-rate, paced by the clock */
+	uint64_t accesses = 0, tick_acc = 0, lcg = 12345, noise_lcg = 67890;
+	/* --noise-ppm: an access goes anywhere when (x % 1000000) < noise_ppm */
 	long ticks = 0, cur_phase = 0;
 	while (!stop && (duration == 0 || now() - t0 < duration)) {
 		for (int r = 0; r < 4096; r++) {
 			lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
 			size_t p = hot_first + (lcg >> 33) % hot_pages;
+			if (noise_ppm) {
+				noise_lcg = noise_lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+				if ((long)((noise_lcg >> 20) % 1000000) < noise_ppm)
+					p = (noise_lcg >> 40) % npages;
+			}
 			volatile uint64_t *w = (uint64_t *)(buf + p * PAGE);
 			w[0]++;
 			(void)w[1 + (lcg & (WORDS - 2))];
 		}
 		accesses += 4096, tick_acc += 4096;
 		double t = now();
+		if (cold_rate && npages > hot_pages) {
+			cold_due += (t - last_cold) * cold_rate, last_cold = t;
+			if (cold_due > cold_rate)
+				cold_due = cold_rate; /* at most a second's worth after a stall */
+			for (; cold_due >= 1; cold_due--) {
+				/* a page outside the hot part: the hot part's pages are skipped over */
+				noise_lcg = noise_lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+				size_t c = (noise_lcg >> 33) % (npages - hot_pages);
+				size_t p = c < hot_first ? c : c + hot_pages;
+				(*(volatile uint64_t *)(buf + p * PAGE))++;
+				accesses++, tick_acc++;
+			}
+		}
 		if (t - last >= 1.0) {
 			size_t unknown = 0;
 			double tf = fraction_on(buf, hot_first, hot_pages, fast_node, status, pages, seen,

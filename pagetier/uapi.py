@@ -49,7 +49,7 @@ ATTACH_T = np.dtype(
      ("page_budget", _u64), ("reserved", _u64, 4)]
 )
 DETACH_T = np.dtype([("pid", _u32), ("flags", _u32), ("reserved", _u64, 2)])
-RECORD_T = np.dtype([("addr", _u64), ("count", _u32), ("node", _u32), ("flags", _u32), ("pad", _u32)])
+RECORD_T = np.dtype([("addr", _u64), ("count", _u32), ("node", _u32), ("flags", _u32), ("freq", _u32)])
 READ_T = np.dtype(
     [("pid", _u32), ("flags", _u32), ("buf", _u64), ("buf_len", _u64), ("cursor", _u64),
      ("nr_records", _u64), ("reserved", _u64, 2)]

@@ -50,7 +50,10 @@ class Sample:
     """One interval's access counts for one process, one entry per tracked mapping unit.
 
     addr: start address (uint64); count: accesses since the last read (uint32);
-    node: NUMA node or -1 if unknown (int16); npages: 4 KiB pages in the unit, 1 or 512 (uint16).
+    node: NUMA node or -1 if unknown (int16); npages: 4 KiB pages in the unit, 1 or 512 (uint16);
+    freq: estimated accesses per second of the unit over the interval (float32), the one
+    frequency signal every backend maps to (0: not accessed). Empty when a backend gives no
+    estimate: use :meth:`rates` rather than reading it directly.
     """
 
     pid: int
@@ -59,9 +62,17 @@ class Sample:
     node: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
     npages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint16))
     complete: bool = True  # False when only accessed units are listed
+    freq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     def __len__(self) -> int:
         return len(self.addr)
+
+    def rates(self, interval_s: float) -> np.ndarray:
+        """Estimated accesses per second per unit: ``freq`` when the backend estimated it, else
+        the interval's count over its length (a lower bound: one count per scan at most)."""
+        if len(self.freq) == len(self.addr):
+            return self.freq.astype(np.float32, copy=False)
+        return (self.count.astype(np.float64) / max(float(interval_s), 1e-6)).astype(np.float32)
 
 
 class Profiler(ABC):

@@ -14,7 +14,7 @@
 #include <linux/types.h>
 
 #define PAGETIER_VERSION_MAJOR 0
-#define PAGETIER_VERSION_MINOR 2
+#define PAGETIER_VERSION_MINOR 3
 #define PAGETIER_VERSION_PATCH 0
 
 #define PAGETIER_STR_(x) #x
@@ -67,12 +67,18 @@ struct pagetier_detach {
 
 #define PAGETIER_NODE_NONE 0xffffffffU
 
+/*
+ * freq (from 0.3): estimated accesses per second of the unit in the last scan period, from the
+ * frequency probes that follow each scan (0: not accessed in the last period, or no estimate).
+ * It took the place of a padding field, so records keep their size: a reader built for 0.2
+ * ignores it, and a 0.2 module leaves it 0.
+ */
 struct pagetier_record {
 	__u64 addr;  /* virtual address of the page (or huge mapping) */
 	__u32 count; /* accesses counted since the last reset */
 	__u32 node;  /* NUMA node at the last scan, or PAGETIER_NODE_NONE */
 	__u32 flags; /* PAGETIER_REC_* */
-	__u32 pad;
+	__u32 freq;  /* estimated accesses per second (saturating), see above */
 };
 
 /* struct pagetier_read.flags */
