@@ -100,29 +100,46 @@ def cost_options(f):
 
 
 # ----------------------------------------------------------------------------- bench sim
+DEFAULT_POLICY = "heuristic"  # the daemon's default policy
+BASELINES = ("lru", "heat-classes")  # what the default policy must not lose to (and static)
+
+
 def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow",
               rl_model=None, oracle=True, oracle_time_limit=30.0, oracle_groups=256,
-              oracle_windows=120, oracle_budget=None, progress=None) -> list[dict]:
-    """Every (trace, capacity, policy) run; one dict per run (``distance_to_oracle`` relative).
+              oracle_windows=120, oracle_budget=None, progress=None) -> tuple[list, list]:
+    """Every (trace, capacity, policy) run: (runs, static runs), one dict per run.
+
+    Each (trace, capacity) also gets the best static placement (policies/oracle.py), in the
+    second list; every run says ``vs_static`` (its time over static's, minus 1). The oracle's
+    run (``oracle``) is the better replay of the ILP's plan and of static placement
+    (``oracle_source``), so its ``gap_to_static`` is <= 0; ``ilp_gap_to_static`` is the
+    ILP's own. ``distance_to_oracle`` is relative to the oracle's time.
 
     ``oracle_budget``: seconds for all oracle solves together; each solve gets at most its
     share of what is left (and ``oracle_time_limit``), so the whole bench stays bounded."""
     from pagetier.policies import oracle as oracle_mod
     from pagetier.policies.simulate import SimConfig, capacity_pages, footprint, simulate
 
-    rows = []
+    rows, statics = [], []
     base_cost = cost
     solves_left = len(traces) * len(capacities)
     budget_end = None if oracle_budget is None else time.monotonic() + oracle_budget
     for name, frames, interval_s in traces:
         cost = for_trace(base_cost, frames, interval_s)
         fp = footprint(frames)
+        units = oracle_mod.trace_units(frames)
         for cap_spec in capacities:
             cap = capacity_pages(cap_spec, fp)
             cfg = SimConfig(capacity=cap, cost=cost, rate_mb_s=rate, interval_s=interval_s,
                             placement=placement)
             base = {"trace": name, "capacity": cap_spec, "capacity_pages": cap,
                     "footprint_pages": fp, "accesses_per_count": cost.accesses_per_count}
+            plan, st = oracle_mod.static_run(frames, cfg, units=units)
+            static_s = st.est_time_s
+            vs = (lambda t: t / static_s - 1.0) if static_s else (lambda t: 0.0)  # noqa: E731
+            statics.append({**base, **_row(st), "vs_static": 0.0, "static": plan.describe()})
+            if progress:
+                progress()
             ref = None
             if oracle:
                 limit = oracle_time_limit
@@ -132,22 +149,28 @@ def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow
                 sol = oracle_mod.solve(frames, cap, cost, rate_mb_s=rate, interval_s=interval_s,
                                        placement=placement, max_groups=oracle_groups,
                                        max_windows=oracle_windows, time_limit=limit)
-                res = simulate(frames, oracle_mod.OraclePolicy(sol), cfg, name="oracle")
-                ref = res.est_time_s
-                rows.append({**base, **_row(res), "optimal": sol.optimal,
-                             "oracle": sol.describe(), "distance_to_oracle": 0.0})
+                ilp = simulate(frames, oracle_mod.OraclePolicy(sol), cfg, name="oracle")
+                best, source = (ilp, "ilp") if ilp.est_time_s <= static_s else (st, "static")
+                ref = best.est_time_s
+                rows.append({**base, **_row(best), "policy": "oracle", "optimal": sol.optimal,
+                             "oracle": sol.describe(), "oracle_source": source,
+                             "ilp_est_time_s": ilp.est_time_s, "ilp_slowdown": ilp.slowdown,
+                             "static_est_time_s": static_s, "gap_to_static": vs(ref),
+                             "ilp_gap_to_static": vs(ilp.est_time_s), "vs_static": vs(ref),
+                             "distance_to_oracle": 0.0})
                 if progress:
                     progress()
             for pol in policies:
                 opts = {"model": str(rl_model)} if pol == "rl" else None
                 res = simulate(frames, pol, cfg, options=opts, name=pol)
-                row = {**base, **_row(res)}
+                row = {**base, **_row(res), "static_est_time_s": static_s,
+                       "vs_static": vs(res.est_time_s)}
                 if ref:
                     row["distance_to_oracle"] = res.est_time_s / ref - 1.0
                 rows.append(row)
                 if progress:
                     progress()
-    return rows
+    return rows, statics
 
 
 def _row(res) -> dict:
@@ -158,22 +181,89 @@ def _row(res) -> dict:
     return {k: d[k] for k in keep}
 
 
-def format_table(rows: list[dict]) -> str:
-    head = f"{'trace':<16} {'cap':>5} {'policy':<12} {'est s':>8} {'slow':>6} {'hit':>6} " \
-           f"{'MB mv':>7} {'pp':>5} {'vs opt':>7}"
+def losses(rows: list[dict], statics: list[dict], policy: str = DEFAULT_POLICY,
+           baselines=BASELINES) -> list[dict]:
+    """Where ``policy`` is slower than a baseline or than static placement: one dict per
+    (trace, capacity, baseline), with ``ratio`` = its time over the baseline's (> 1)."""
+    out = []
+    by = {(r["trace"], r["capacity"], r["policy"]): r for r in rows + statics}
+    for st in statics:
+        mine = by.get((st["trace"], st["capacity"], policy))
+        if mine is None:
+            continue
+        for b in (*baselines, "static"):
+            other = by.get((st["trace"], st["capacity"], b))
+            if other is None or not other["est_time_s"] > 0:
+                continue
+            ratio = mine["est_time_s"] / other["est_time_s"]
+            if ratio > 1.0 + 1e-9:
+                out.append({"trace": st["trace"], "capacity": st["capacity"], "policy": policy,
+                            "baseline": b, "ratio": ratio, "slowdown": mine["slowdown"],
+                            "baseline_slowdown": other["slowdown"]})
+    return out
+
+
+def format_losses(found: list[dict], statics: list[dict], rows: list[dict],
+                  policy: str = DEFAULT_POLICY, baselines=BASELINES) -> str:
+    """Lines saying where ``policy`` loses, and how many such cases there are of each kind."""
+    present = [b for b in (*baselines, "static") if b == "static" or any(r["policy"] == b for r in rows)]
+    if not any(r["policy"] == policy for r in rows) or not statics:
+        return ""
+    cases = len(statics)
+    if not found:
+        return (f"{policy} is at least as good as {', '.join(present)} in all {cases} "
+                "trace and capacity pairs")
+    out = []
+    groups: dict = {}
+    for x in found:
+        groups.setdefault((x["trace"], x["capacity"]), []).append(x)
+    for (trace, cap), xs in groups.items():
+        what = ", ".join(f"{x['baseline']} by {x['ratio']:.4f}x ({x['slowdown']:.3f} vs "
+                         f"{x['baseline_slowdown']:.3f})" for x in xs)
+        out.append(f"{policy} LOSES on {trace} {cap}: slower than {what}")
+    counts = ", ".join(f"{b} in {sum(x['baseline'] == b for x in found)}" for b in present)
+    out.append(f"{policy} is slower than {counts} of {cases} trace and capacity pairs")
+    return "\n".join(out)
+
+
+def format_table(rows: list[dict], statics: list[dict] | None = None) -> str:
+    """The runs, with each (trace, capacity)'s static run after its oracle run."""
+    head = f"{'trace':<14} {'cap':>4} {'policy':<12} {'est s':>8} {'slow':>6} {'hit':>6} " \
+           f"{'MB mv':>7} {'pp':>5} {'vs opt':>7} {'vs st':>7}"
     out = [head]
+    statics = statics or []
+    st_by = {(s["trace"], s["capacity"]): s for s in statics}
+    ordered, done = [], set()
     for r in rows:
+        key = (r["trace"], r["capacity"])
+        if key not in done and r["policy"] != "oracle" and key in st_by:
+            ordered.append(st_by[key])  # no oracle run: static comes first
+        ordered.append(r)
+        if r["policy"] == "oracle" and key in st_by:
+            ordered.append(st_by[key])
+        done.add(key)
+    for r in ordered:
         dist = r.get("distance_to_oracle")
+        vs = r.get("vs_static")
         mark = "" if r.get("optimal", True) else "*"
+        if r["policy"] == "oracle" and r.get("oracle_source") == "static":
+            mark += "="
         ds = "-" if dist is None else f"{dist:+.1%}"
-        out.append(f"{r['trace'][:16]:<16} {str(r['capacity']):>5} {(r['policy'] + mark)[:12]:<12} "
+        vss = "-" if vs is None else f"{vs:+.1%}"
+        out.append(f"{r['trace'][:14]:<14} {str(r['capacity']):>4} {(r['policy'] + mark)[:12]:<12} "
                    f"{r['est_time_s']:8.3g} {r['slowdown']:6.3f} {r['hit_ratio']:6.1%} "
-                   f"{r['migrated_bytes'] / (1 << 20):7.1f} {r['ping_pongs']:5d} {ds:>7}")
+                   f"{r['migrated_bytes'] / (1 << 20):7.1f} {r['ping_pongs']:5d} {ds:>7} {vss:>7}")
+    out.append("static: the best fixed set of units (top-k by accesses per page, exact on the "
+               "trace's units); vs st: time over static's")
     if any(not r.get("optimal", True) for r in rows):
         out.append("oracle*: bounded (time limit or gap), not proven optimal")
+    if any(r.get("oracle_source") == "static" for r in rows):
+        out.append("oracle=: the ILP's plan was not better than static placement; the oracle "
+                   "is static's")
     for r in rows:
         if r.get("oracle"):
-            out.append(f"{r['trace'][:16]} {r['capacity']}: {r['oracle']}")
+            out.append(f"{r['trace'][:16]} {r['capacity']}: {r['oracle']}; ILP "
+                       f"{r['ilp_gap_to_static']:+.2%} vs static")
     return "\n".join(out)
 
 
@@ -196,7 +286,7 @@ def plot(rows: list[dict], path) -> None:
             pts = sorted((r["capacity_pages"] / max(r["footprint_pages"], 1) * 100, r["slowdown"])
                          for r in sub if r["policy"] == pol)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol,
-                    linestyle="--" if pol == "oracle" else "-")
+                    linestyle={"oracle": "--", "static": ":"}.get(pol, "-"))
         ax.set_title(tr, fontsize=9)
         ax.set_xlabel("fast-tier capacity (% of footprint)")
         ax.set_ylabel("estimated slowdown vs all-fast")
@@ -242,7 +332,11 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
 
     \b
     For each trace, capacity and policy: estimated time, slowdown against all-fast,
-    fast-tier hit ratio, MB migrated, ping-pongs and distance to the ILP oracle.
+    fast-tier hit ratio, MB migrated, ping-pongs, distance to the oracle and to the best
+    static placement (the best fixed set of units, computed exactly on the trace). The
+    oracle is the better of an ILP's plan (HiGHS, seeded with the static set) and static
+    placement, so it is never worse than static. Then a line for each trace and capacity
+    where heuristic is slower than lru, heat-classes or static, with the ratio.
     Without TRACES: the built-in trace set (`pagetier bench traces` lists it).
     \b
     Examples:
@@ -269,17 +363,18 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
 
         traces = [f"builtin:{n}" for n in builtin_traces.names()]
     loaded = [load_trace(t) for t in traces]
-    n = len(loaded) * len(caps) * (len(pols) + (0 if no_oracle else 1))
+    n = len(loaded) * len(caps) * (len(pols) + (1 if no_oracle else 2))
     t0 = time.monotonic()
     with click.progressbar(length=n, label="simulating", file=sys.stderr) as bar:
-        rows = run_bench(loaded, pols, caps, cost, rate=rate, placement=placement,
+        rows, statics = run_bench(loaded, pols, caps, cost, rate=rate, placement=placement,
                          rl_model=rl_model, oracle=not no_oracle,
                          oracle_time_limit=oracle_time_limit, oracle_budget=oracle_budget,
                          oracle_groups=oracle_groups,
                          oracle_windows=oracle_windows, progress=lambda: bar.update(1))
+    found = losses(rows, statics)
     if as_json:
-        click.echo(json.dumps({"preset": cost.name, "cost": dataclasses.asdict(cost), "runs": rows},
-                              indent=1))
+        click.echo(json.dumps({"preset": cost.name, "cost": dataclasses.asdict(cost), "runs": rows,
+                               "static": statics, "losses": found}, indent=1))
     else:
         click.echo(f"cost model {cost.name}: fast {cost.fast_ns:g} ns, slow {cost.slow_ns:g} ns, "
                    f"{cost.page_move_s * 1e6:.2f} us per page moved; rate {rate:g} MB/s")
@@ -287,9 +382,12 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
                                                        for r in rows):
             click.echo("recorded traces: counts scaled so that all-fast time = recorded duration "
                        "(--accesses-per-count auto)")
-        click.echo(format_table(rows))
+        click.echo(format_table(rows, statics))
+        note = format_losses(found, statics, rows)
+        if note:
+            click.echo(note)
     if plot_path:
-        plot(rows, plot_path)
+        plot(rows + statics, plot_path)
         click.echo(f"plot written to {plot_path}", err=True)
     click.echo(f"{n} runs in {time.monotonic() - t0:.0f} s", err=True)
 
