@@ -1,5 +1,7 @@
 """The trace simulator: cost accounting, timing of moves, budget and rate, the CLI."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -130,7 +132,59 @@ def test_bench_sim_cli(tmp_path):
     doc = json.loads(res.stdout)
     runs = doc["runs"]
     assert {r["policy"] for r in runs} == {"oracle", "first-touch", "heuristic"}
-    assert len(runs) == 6
+    assert len(runs) == 6 and len(doc["static"]) == 2
     for r in runs:
         assert r["distance_to_oracle"] >= -1e-9 or r["policy"] != "first-touch"
+        assert r["vs_static"] == pytest.approx(r["est_time_s"] / r["static_est_time_s"] - 1)
+    for r in (r for r in runs if r["policy"] == "oracle"):
+        assert r["gap_to_static"] <= 0 and r["oracle_source"] in ("ilp", "static")
+        assert r["est_time_s"] == min(r["ilp_est_time_s"], r["static_est_time_s"])
     assert out.stat().st_size > 1000
+    text = CliRunner().invoke(bench, ["sim", "synth:hotcold:pages=256,intervals=8,accesses=5000",
+                                      "--capacity", "25%", "--policies", "first-touch,heuristic",
+                                      "--oracle-time-limit", "10"])
+    assert text.exit_code == 0, text.output
+    lines = text.stdout.splitlines()
+    assert "vs st" in next(x for x in lines if x.startswith("trace"))
+    assert any(x.split()[2:3] == ["static"] for x in lines)
+
+
+def test_losses_name_each_baseline_the_default_policy_loses_to():
+    from pagetier.policies.sim_cli import format_losses, losses
+
+    def row(trace, pol, est, slow):
+        return {"trace": trace, "capacity": "25%", "policy": pol, "est_time_s": est,
+                "slowdown": slow}
+
+    rows = [row("a", "lru", 10.0, 2.0), row("a", "heat-classes", 11.0, 2.2),
+            row("a", "heuristic", 10.5, 2.1), row("b", "lru", 10.0, 2.0),
+            row("b", "heat-classes", 10.0, 2.0), row("b", "heuristic", 10.0, 2.0)]
+    statics = [row("a", "static", 9.0, 1.8), row("b", "static", 10.0, 2.0)]
+    found = losses(rows, statics)
+    assert [(x["trace"], x["baseline"]) for x in found] == [("a", "lru"), ("a", "static")]
+    assert found[0]["ratio"] == pytest.approx(1.05)
+    text = format_losses(found, statics, rows)
+    assert "heuristic LOSES on a 25%: slower than lru by 1.0500x (2.100 vs 2.000), static by " \
+           "1.1667x" in text
+    assert "lru in 1, heat-classes in 0, static in 1 of 2" in text
+    assert "at least as good" in format_losses([], statics, rows)
+    assert losses(rows, statics, policy="rl") == []
+
+
+def test_bench_sim_json_is_only_json():
+    """The whole command as a user runs it: HiGHS prints a banner on descriptor 1 when a
+    solver is made; --json must still write nothing but the document to stdout."""
+    r = subprocess.run([sys.executable, "-m", "pagetier.cli", "bench", "sim", "builtin:redis",
+                        "--json", "--capacity", "25%", "--policies", "lru,heat-classes,heuristic",
+                        "--oracle-time-limit", "2", "--oracle-groups", "64"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # fails on any banner or log line
+    assert [x["policy"] for x in doc["runs"]] == ["oracle", "lru", "heat-classes", "heuristic"]
+    oracle_run = doc["runs"][0]
+    assert oracle_run["gap_to_static"] <= 0
+    assert oracle_run["est_time_s"] <= doc["static"][0]["est_time_s"]
+    for x in doc["losses"]:
+        assert x["policy"] == "heuristic" and x["ratio"] > 1
+        assert x["baseline"] in ("lru", "heat-classes", "static")
+    assert "HiGHS" not in r.stdout
