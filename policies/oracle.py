@@ -115,12 +115,13 @@ class Units:
         """Counts of each unit over the whole trace."""
         return np.bincount(self.row_unit, self.row_count, minlength=len(self))
 
-    def per_window(self, window: int, windows: int) -> np.ndarray:
-        """[units, windows] counts per window of ``window`` frames."""
-        w = np.minimum(self.row_frame // window, windows - 1)
-        flat = np.bincount(self.row_unit * windows + w, self.row_count,
-                           minlength=len(self) * windows)
-        return flat.reshape(len(self), windows)
+    def per_slice(self, window: int, windows: int, slices: int) -> np.ndarray:
+        """[units, slices] counts: the ``windows`` windows of ``window`` frames, merged into
+        ``slices`` runs of consecutive windows."""
+        w = np.minimum(self.row_frame // window, windows - 1) * slices // windows
+        flat = np.bincount(self.row_unit * slices + w, self.row_count,
+                           minlength=len(self) * slices)
+        return flat.reshape(len(self), slices)
 
 
 def trace_units(frames) -> Units:
@@ -340,11 +341,7 @@ def signature_groups(units: Units, max_groups: int, window: int, windows: int,
     n = len(units)
     if n <= max_groups:
         return _dense(units, np.arange(n), "unit")
-    dims = min(windows, SIGNATURE_DIMS)
-    C = units.per_window(window, windows)
-    if dims < windows:  # merge windows into ``dims`` slices
-        slice_of = np.arange(windows) * dims // windows
-        C = np.stack([C[:, slice_of == j].sum(axis=1) for j in range(dims)], axis=1)
+    C = units.per_slice(window, windows, min(windows, SIGNATURE_DIMS))
     w = np.maximum(units.npages, 1).astype(np.float64)
     X = np.sqrt(C / w[:, None])
     target = max(1.0, w.sum() / max_groups)
