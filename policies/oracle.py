@@ -712,11 +712,13 @@ def static_run(frames, cfg: SimConfig, units: Units | None = None) -> tuple[Stat
     return plan, simulate(frames, StaticPolicy(plan), cfg, name="static")
 
 
-def yardstick(frames, cfg: SimConfig, *, ilp: bool = True, **solve_options) -> Yardstick:
+def yardstick(frames, cfg: SimConfig, *, ilp: bool = True, units: Units | None = None,
+              **solve_options) -> Yardstick:
     """Static placement and (``ilp``) the ILP's plan, both replayed with ``cfg``; the better
-    one is the oracle. ``solve_options`` go to :func:`solve`."""
+    one is the oracle. ``units``: the trace's units, if already made; ``solve_options`` go
+    to :func:`solve`."""
     frames = _frames_list(frames)
-    plan, st = static_run(frames, cfg)
+    plan, st = static_run(frames, cfg, units=units)
     if not ilp:
         return Yardstick(best=st, source="static", static=st, static_plan=plan)
     sol = solve(frames, cfg.capacity, cfg.cost, rate_mb_s=cfg.rate_mb_s, interval_s=cfg.interval_s,

@@ -135,30 +135,29 @@ def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow
                             placement=placement)
             base = {"trace": name, "capacity": cap_spec, "capacity_pages": cap,
                     "footprint_pages": fp, "accesses_per_count": cost.accesses_per_count}
-            plan, st = oracle_mod.static_run(frames, cfg, units=units)
-            static_s = st.est_time_s
+            ref = None
+            limit = oracle_time_limit
+            if oracle and budget_end is not None:
+                limit = max(1.0, min(limit, (budget_end - time.monotonic()) / solves_left))
+            solves_left -= 1
+            y = oracle_mod.yardstick(frames, cfg, ilp=oracle, units=units,
+                                     max_groups=oracle_groups, max_windows=oracle_windows,
+                                     time_limit=limit)
+            static_s = y.static.est_time_s
             vs = (lambda t: t / static_s - 1.0) if static_s else (lambda t: 0.0)  # noqa: E731
-            statics.append({**base, **_row(st), "vs_static": 0.0, "static": plan.describe()})
+            statics.append({**base, **_row(y.static), "vs_static": 0.0,
+                            "static": y.static_plan.describe()})
             if progress:
                 progress()
-            ref = None
             if oracle:
-                limit = oracle_time_limit
-                if budget_end is not None:
-                    limit = max(1.0, min(limit, (budget_end - time.monotonic()) / solves_left))
-                solves_left -= 1
-                sol = oracle_mod.solve(frames, cap, cost, rate_mb_s=rate, interval_s=interval_s,
-                                       placement=placement, max_groups=oracle_groups,
-                                       max_windows=oracle_windows, time_limit=limit)
-                ilp = simulate(frames, oracle_mod.OraclePolicy(sol), cfg, name="oracle")
-                best, source = (ilp, "ilp") if ilp.est_time_s <= static_s else (st, "static")
-                ref = best.est_time_s
-                rows.append({**base, **_row(best), "policy": "oracle", "optimal": sol.optimal,
-                             "oracle": sol.describe(), "oracle_source": source,
-                             "ilp_est_time_s": ilp.est_time_s, "ilp_slowdown": ilp.slowdown,
-                             "static_est_time_s": static_s, "gap_to_static": vs(ref),
-                             "ilp_gap_to_static": vs(ilp.est_time_s), "vs_static": vs(ref),
-                             "distance_to_oracle": 0.0})
+                ref = y.best.est_time_s
+                rows.append({**base, **_row(y.best), "policy": "oracle",
+                             "optimal": y.solution.optimal, "oracle": y.solution.describe(),
+                             "oracle_source": y.source, "ilp_est_time_s": y.ilp.est_time_s,
+                             "ilp_slowdown": y.ilp.slowdown, "static_est_time_s": static_s,
+                             "gap_to_static": y.gap_to_static,
+                             "ilp_gap_to_static": y.ilp_gap_to_static,
+                             "vs_static": y.gap_to_static, "distance_to_oracle": 0.0})
                 if progress:
                     progress()
             for pol in policies:
@@ -264,8 +263,9 @@ def format_table(rows: list[dict], statics: list[dict] | None = None) -> str:
                    "is static's")
     for r in rows:
         if r.get("oracle"):
-            out.append(f"{r['trace'][:16]} {r['capacity']}: {r['oracle']}; ILP "
-                       f"{r['ilp_gap_to_static']:+.2%} vs static")
+            gap = r.get("ilp_gap_to_static")
+            out.append(f"{r['trace'][:16]} {r['capacity']}: {r['oracle']}"
+                       + ("" if gap is None else f"; ILP {gap:+.2%} vs static"))
     return "\n".join(out)
 
 

@@ -174,6 +174,7 @@ def test_losses_name_each_baseline_the_default_policy_loses_to():
 def test_bench_sim_json_is_only_json():
     """The whole command as a user runs it: HiGHS prints a banner on descriptor 1 when a
     solver is made; --json must still write nothing but the document to stdout."""
+    pytest.importorskip("highspy")
     r = subprocess.run([sys.executable, "-m", "pagetier.cli", "bench", "sim", "builtin:redis",
                         "--json", "--capacity", "25%", "--policies", "lru,heat-classes,heuristic",
                         "--oracle-time-limit", "2", "--oracle-groups", "64"],
