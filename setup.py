@@ -17,7 +17,6 @@ VERSION = ".".join(
 )
 
 
-
 class BuildPy(build_py):
     """build_py that also copies the module's UAPI header into the package: pagetier.uapi reads
     the struct layouts and ioctl numbers from it, and an installed package has no kmod/ beside it."""

@@ -193,3 +193,14 @@ def test_workload_falls_back_to_the_cache(monkeypatch, tmp_path):
     assert exe == cache / "churn" and os.access(exe, os.X_OK)
     assert not (pkg_bin / "churn").exists()
     assert workload.binary("churn") == exe  # built once
+
+
+def test_dkms_conf_version_is_the_uapi_version():
+    """DKMS installs from /usr/src/pagetier-VERSION: dkms.conf's version is the package's."""
+    import re
+
+    from pagetier import uapi
+
+    conf = (REPO / "kmod/dkms.conf").read_text()
+    assert re.search(r'^PACKAGE_VERSION="([^"]+)"', conf, re.M).group(1) == uapi.VERSION
+    assert f"/usr/src/pagetier-{uapi.VERSION}" in (REPO / "README.md").read_text()
