@@ -3,14 +3,34 @@ import re
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
 # The one version: kmod/include/uapi/linux/pagetier.h (read by the module and by user space).
-_uapi = (HERE / "kmod/include/uapi/linux/pagetier.h").read_text()
+UAPI_HEADER = "kmod/include/uapi/linux/pagetier.h"
+# where the header lands inside the installed package (pagetier/uapi.py looks there first)
+UAPI_PACKAGED = "pagetier/include/linux/pagetier.h"
+_uapi = (HERE / UAPI_HEADER).read_text()
 VERSION = ".".join(
     re.search(rf"#define PAGETIER_VERSION_{p}\s+(\d+)", _uapi).group(1)
     for p in ("MAJOR", "MINOR", "PATCH")
 )
+
+
+class BuildPy(build_py):
+    """build_py that also copies the module's UAPI header into the package: pagetier.uapi reads
+    the struct layouts and ioctl numbers from it, and an installed package has no kmod/ beside it."""
+
+    def run(self):
+        super().run()
+        if not self.dry_run:
+            dest = Path(self.build_lib) / UAPI_PACKAGED
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.copy_file(str(HERE / UAPI_HEADER), str(dest))
+
+    def get_outputs(self, include_bytecode=True):
+        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / UAPI_PACKAGED)]
+
 
 setup(
     name="pagetier",
@@ -28,8 +48,13 @@ setup(
         "pagetier.daemon": "daemon",
         "pagetier.policies": "policies",
     },
-    # the built-in trace set (pagetier bench traces), recorded by scripts/record_traces.py
-    package_data={"pagetier.policies": ["traces/*.parquet", "traces/index.json"]},
+    package_data={
+        # the C workloads (hotcold, churn), compiled on first use by pagetier/workload.py
+        "pagetier": ["*.c"],
+        # the built-in trace set (pagetier bench traces), recorded by scripts/record_traces.py
+        "pagetier.policies": ["traces/*.parquet", "traces/index.json"],
+    },
+    cmdclass={"build_py": BuildPy},
     install_requires=[
         "click>=8.1,<9",
         "numpy>=1.24,<3",
@@ -40,12 +65,15 @@ setup(
         # traces (pagetier record/heatmap/report) are Parquet files
         "pyarrow>=14,<25",
         "pandas>=2,<4",
+        # the ILP oracle of `pagetier bench sim` (its default runs it)
+        "highspy>=1.7,<2",
     ],
     extras_require={
-        "test": ["pytest>=7.4,<10", "virtme-ng>=1.30,<2", "highspy>=1.7,<2", "gymnasium>=0.29,<2"],
+        # build: tests/test_packaging.py builds the sdist and wheel as a release would
+        "test": ["pytest>=7.4,<10", "virtme-ng>=1.30,<2", "gymnasium>=0.29,<2", "build>=1,<2"],
         "trace": [],  # kept for old install lines: pyarrow and pandas are core now
         "rl": ["gymnasium>=0.29,<2"],
-        "ilp": ["highspy>=1.7,<2"],
+        "ilp": ["highspy>=1.7,<2"],  # kept for old install lines: highspy is core now
         "torch": ["torch>=2.2,<=2.13.0"],
     },
     entry_points={"console_scripts": ["pagetier=pagetier.cli:main"]},

@@ -1,6 +1,6 @@
 """kernel.numa_balancing off while the daemon manages placement, and back on every exit path.
 
-The kernel's NUMA balancing moves pages on its own (see KERNEL-NOTES.md): while pagetier decides
+The kernel's NUMA balancing moves pages on its own (docs/kernel-facts.md): while pagetier decides
 placement it writes 0 to /proc/sys/kernel/numa_balancing. The previous value goes to a state file
 (``<run dir>/numa_balancing.json``) first, so that:
 

@@ -1,15 +1,31 @@
 """The UAPI of pagetier.ko, read from its one header (kmod/include/uapi/linux/pagetier.h).
 
-Struct layouts are numpy dtypes; a test checks them against the built module's DWARF.
+An installed package carries a copy of the header (pagetier/include/linux/pagetier.h, put there by
+setup.py's build step); a checkout reads kmod/'s own. Struct layouts are numpy dtypes; a test
+checks them against the built module's DWARF.
 """
 from __future__ import annotations
 
 import re
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-HEADER = Path(__file__).resolve().parent.parent / "kmod/include/uapi/linux/pagetier.h"
+
+def _header() -> Path:
+    """The UAPI header: the package's copy if installed, else the source tree's."""
+    tree = Path(__file__).resolve().parent.parent / "kmod/include/uapi/linux/pagetier.h"
+    packaged = resources.files("pagetier").joinpath("include/linux/pagetier.h")
+    if packaged.is_file():
+        return Path(str(packaged))
+    if tree.is_file():
+        return tree
+    raise RuntimeError(f"pagetier's UAPI header is missing: neither {packaged} (installed package) "
+                       f"nor {tree} (source tree) exists; reinstall pagetier")
+
+
+HEADER = _header()
 _text = HEADER.read_text()
 
 

@@ -17,28 +17,69 @@ import click
 
 from pagetier.errors import Unavailable
 
-BIN_DIR = Path(__file__).resolve().parent.parent / "build" / "bin"
+HERE = Path(__file__).resolve().parent
+# a checkout builds into its build/bin (the test VM's guest sees the checkout read-only and uses
+# what the host built there); an installed package into the package's own _bin, or, if that is
+# not writable (a system-wide install), into the user's cache
+_CHECKOUT = (HERE.parent / "setup.py").is_file() and (HERE.parent / "kmod").is_dir()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pagetier" / "bin"
+
+
+def bin_dirs() -> list[Path]:
+    """Where compiled workloads go, in order of preference."""
+    if _CHECKOUT:
+        return [HERE.parent / "build" / "bin"]
+    return [HERE / "_bin", _cache_dir()]
+
+
+def _fresh(exe: Path, source: Path) -> bool:
+    return exe.exists() and exe.stat().st_mtime >= source.stat().st_mtime
 
 
 def binary(name: str = "hotcold") -> Path:
     """A compiled C program of pagetier/ (hotcold, churn), built if needed (on the host: the
     guest sees the repository read-only)."""
-    source = Path(__file__).with_name(f"{name}.c")
-    exe = BIN_DIR / name
-    if exe.exists() and exe.stat().st_mtime >= source.stat().st_mtime:
-        return exe
+    source = HERE / f"{name}.c"
+    if not source.is_file():
+        raise Unavailable(f"{source} is missing: the package is incomplete, reinstall pagetier")
+    dirs = bin_dirs()
+    for d in dirs:
+        if _fresh(d / name, source):
+            return d / name
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise Unavailable("no C compiler to build the workload: run scripts/setup.sh")
-    exe.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        subprocess.run([cc, "-O2", "-Wall", "-o", str(exe), str(source), "-lnuma"], check=True,
-                       capture_output=True, text=True)
-    except subprocess.CalledProcessError as e:
-        raise Unavailable(f"building {source.name} failed (is libnuma-dev installed?):\n{e.stderr}")
-    except OSError as e:
-        raise Unavailable(f"cannot build {source.name} here ({e}); build it on the host first")
-    return exe
+        raise Unavailable(f"no C compiler to build the workload {name}: install gcc and libnuma-dev "
+                          "(scripts/setup.sh installs them)")
+    errors = []
+    for d in dirs:
+        exe = d / name
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            if not os.access(d, os.W_OK):
+                raise PermissionError(f"{d} is not writable")
+        except OSError as e:
+            errors.append(f"{d}: {e.strerror or e}")
+            continue
+        # compile to a temporary name and rename: two first uses at once both see a whole binary
+        tmp = d / f".{name}.{os.getpid()}"
+        try:
+            subprocess.run([cc, "-O2", "-Wall", "-o", str(tmp), str(source), "-lnuma"], check=True,
+                           capture_output=True, text=True)
+            os.replace(tmp, exe)
+        except subprocess.CalledProcessError as e:
+            raise Unavailable(f"building {source.name} failed (is libnuma-dev installed?):\n{e.stderr}")
+        except OSError as e:
+            errors.append(f"{d}: {e.strerror or e}")
+            continue
+        finally:
+            tmp.unlink(missing_ok=True)
+        return exe
+    raise Unavailable(f"cannot build {source.name} ({'; '.join(errors)}); "
+                      "on the test VM's guest, build it on the host first")
 
 
 class Workload:

@@ -1,13 +1,24 @@
 """Import sampled-address traces (PEBS, ``perf mem``, ...) into pagetier traces.
 
-The input is CSV or Feather with one row per sample: a timestamp and a virtual address, optionally
-a pid and a NUMA node. Column names are matched case-insensitively:
+The input is CSV or Feather with one row per sample: a timestamp and a virtual data address,
+optionally a pid and a NUMA node. Column names are matched case-insensitively, the first found
+in this order:
 
-    timestamp: timestamp, time, ts, t       address: address, addr, vaddr, data_addr
-    pid:       pid, tgid (default 0)        node:    node, numa_node (default -1)
+    time:    timestamp, time, ts, t, time_ns, timestamp_ns, ts_ns, time_us, timestamp_us,
+             time_ms, timestamp_ms, time_s, timestamp_s, sample_time
+    address: address, addr, vaddr, data_addr, daddr, data_address, data_vaddr, virt_addr,
+             mem_addr, sample_addr
+    pid:     pid, tgid, process_id (default 0)
+    node:    node, numa_node, node_id, nid (default -1)
 
-Timestamps are seconds unless ``time_unit`` says otherwise ("ms", "us", "ns"); "auto" takes
-integers above 1e12 as nanoseconds. Addresses are integers or hex strings ("0x7f...").
+``columns`` names them instead (``pagetier record --import F --columns time=T,addr=A``; keys
+time, addr, pid, node). pagetier places pages of a process's address space, so the address must
+be a virtual data address: an instruction-pointer column (ip, pc, rip, ...) or a physical-address
+column (phys_addr, paddr, ...) is refused, whether named in ``columns`` or the only candidate.
+
+Timestamps are in the unit of the column's suffix (``time_ns`` is nanoseconds, ``ts_us``
+microseconds) or of ``time_unit`` ("s", "ms", "us", "ns"); with neither ("auto"), integers above
+1e12 are nanoseconds and anything else seconds. Addresses are integers or hex strings ("0x7f...").
 Samples are binned into intervals of ``interval_s`` and pages of ``page_size``; each (interval,
 pid, page) row counts the samples that fell in it.
 """
@@ -22,12 +33,53 @@ from pagetier.profiler.base import Sample
 from pagetier.profiler.trace import write_trace
 
 COLUMNS = {
-    "timestamp": ("timestamp", "time", "ts", "t"),
-    "address": ("address", "addr", "vaddr", "data_addr"),
-    "pid": ("pid", "tgid"),
-    "node": ("node", "numa_node"),
+    "timestamp": ("timestamp", "time", "ts", "t", "time_ns", "timestamp_ns", "ts_ns", "time_us",
+                  "timestamp_us", "ts_us", "time_ms", "timestamp_ms", "ts_ms", "time_s",
+                  "timestamp_s", "sample_time"),
+    "address": ("address", "addr", "vaddr", "data_addr", "daddr", "data_address", "data_vaddr",
+                "virt_addr", "mem_addr", "sample_addr"),
+    "pid": ("pid", "tgid", "process_id"),
+    "node": ("node", "numa_node", "node_id", "nid"),
+}
+# keys of a columns mapping (--columns time=...,addr=...) -> role
+COLUMN_KEYS = {"time": "timestamp", "timestamp": "timestamp", "ts": "timestamp",
+               "addr": "address", "address": "address", "pid": "pid", "node": "node"}
+# address columns that are not virtual data addresses: name -> what they hold
+NOT_DATA_ADDRESS = {
+    **dict.fromkeys(("ip", "pc", "rip", "eip", "iaddr", "insn_addr", "inst_addr", "instr_addr",
+                     "code_addr", "symaddr", "sym_addr", "instruction_pointer", "program_counter"),
+                    "instruction pointers (the code that made the access)"),
+    **dict.fromkeys(("phys_addr", "paddr", "physaddr", "phys", "data_phys_addr", "physical_addr",
+                     "physical_address", "pa"),
+                    "physical addresses (page frames, not the process's address space)"),
 }
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+# unit suffixes of time column names
+_SUFFIX_UNITS = {"s": "s", "sec": "s", "secs": "s", "ms": "ms", "msec": "ms", "us": "us",
+                 "usec": "us", "ns": "ns", "nsec": "ns"}
+
+
+def parse_columns(text: str | None) -> dict[str, str]:
+    """``time=T,addr=A[,pid=P,node=N]`` -> {role: column name}; ConfigError if malformed."""
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, eq, name = part.partition("=")
+        key, name = key.strip().lower(), name.strip()
+        if not eq or not name:
+            raise ConfigError(f"--columns: {part.strip()!r} is not KEY=COLUMN "
+                              "(e.g. time=time_ns,addr=data_addr)")
+        if key not in COLUMN_KEYS:
+            raise ConfigError(f"--columns: unknown key {key!r} (time, addr, pid, node)")
+        out[COLUMN_KEYS[key]] = name
+    return out
+
+
+def _unit_of(name: str) -> str | None:
+    """The time unit a column's name states (time_ns -> ns), if any."""
+    stem, sep, suffix = str(name).strip().lower().rpartition("_")
+    return _SUFFIX_UNITS.get(suffix) if sep and stem else None
 
 
 def _load(path: str):
@@ -49,15 +101,36 @@ def _load(path: str):
         raise ConfigError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
 
 
-def _find(df, role: str, path: str, required: bool):
+def _refuse_address(path: str, name, found: bool) -> None:
+    what = NOT_DATA_ADDRESS.get(str(name).strip().lower())
+    if what is None:
+        return
+    how = "the only address-like column" if found else "given as the address"
+    raise ConfigError(f"{path}: column {name!r} ({how}) holds {what}; pagetier needs the virtual "
+                      "data address each sample touched (perf mem's 'addr', a PEBS export's "
+                      "'data_addr'): name that column with --columns addr=COLUMN")
+
+
+def _find(df, role: str, path: str, required: bool, given: str | None = None):
     names = {str(c).strip().lower(): c for c in df.columns}
+    found = ", ".join(map(str, df.columns)) or "none"
+    if given is not None:
+        if role == "address":
+            _refuse_address(path, given, found=False)
+        col = names.get(given.strip().lower())
+        if col is None:
+            raise ConfigError(f"{path}: no column {given!r} (given as the {role}; found {found})")
+        return df[col], str(col)
     for cand in COLUMNS[role]:
         if cand in names:
-            return df[names[cand]]
+            return df[names[cand]], str(names[cand])
     if required:
+        if role == "address":
+            for name in names:
+                _refuse_address(path, names[name], found=True)
         raise ConfigError(f"{path}: no {role} column (looked for {', '.join(COLUMNS[role])}; "
-                          f"found {', '.join(map(str, df.columns)) or 'none'})")
-    return None
+                          f"found {found}; name it with --columns)")
+    return None, None
 
 
 def _addresses(col, path: str) -> np.ndarray:
@@ -72,18 +145,32 @@ def _addresses(col, path: str) -> np.ndarray:
 
 
 def import_samples(src: str, out: str, interval_s: float = 1.0, page_size: int = 4096,
-                   time_unit: str = "auto", meta: dict | None = None) -> dict:
-    """Convert sampled addresses in ``src`` into a trace at ``out``; returns a summary."""
+                   time_unit: str = "auto", meta: dict | None = None,
+                   columns: dict[str, str] | str | None = None) -> dict:
+    """Convert sampled addresses in ``src`` into a trace at ``out``; returns a summary.
+
+    ``columns`` maps roles to column names ({"timestamp"|"time": ..., "address"|"addr": ...,
+    "pid": ..., "node": ...}, or the text ``time=T,addr=A``); roles not given are looked up."""
     if interval_s <= 0:
         raise ConfigError("import: the interval must be positive")
     if page_size <= 0 or page_size & (page_size - 1):
         raise ConfigError("import: the page size must be a power of two")
     if time_unit not in ("auto", *_UNITS):
         raise ConfigError(f"import: unknown time unit {time_unit!r} (auto, s, ms, us, ns)")
+    if isinstance(columns, str) or columns is None:
+        given = parse_columns(columns)
+    else:
+        given = {}
+        for key, name in columns.items():
+            if key not in COLUMN_KEYS:
+                raise ConfigError(f"import: unknown column key {key!r} (time, addr, pid, node)")
+            given[COLUMN_KEYS[key]] = name
     df = _load(src)
-    ts_col = _find(df, "timestamp", src, True)
-    addr = _addresses(_find(df, "address", src, True), src)
-    pid_col, node_col = _find(df, "pid", src, False), _find(df, "node", src, False)
+    ts_col, ts_name = _find(df, "timestamp", src, True, given.get("timestamp"))
+    addr_col, addr_name = _find(df, "address", src, True, given.get("address"))
+    addr = _addresses(addr_col, src)
+    pid_col, pid_name = _find(df, "pid", src, False, given.get("pid"))
+    node_col, node_name = _find(df, "node", src, False, given.get("node"))
     try:
         ts = ts_col.to_numpy().astype(np.float64)
     except (ValueError, TypeError):
@@ -91,6 +178,8 @@ def import_samples(src: str, out: str, interval_s: float = 1.0, page_size: int =
     if np.isnan(ts).any():
         raise ConfigError(f"{src}: missing timestamps")
     unit = time_unit
+    if unit == "auto":
+        unit = _unit_of(ts_name) or "auto"
     if unit == "auto":
         unit = "ns" if ts_col.dtype.kind in "iu" and len(ts) and ts.max() > 1e12 else "s"
     secs = (ts - (ts.min() if len(ts) else 0.0)) * _UNITS[unit]
@@ -121,7 +210,9 @@ def import_samples(src: str, out: str, interval_s: float = 1.0, page_size: int =
     m = {"backend": "import", "mode": "sampled", "interval_s": float(interval_s),
          "pids": sorted({int(p) for p in np.unique(pid)}), "command": "",
          "kernel": "", "page_size": page_size, "complete": False,
-         "source": os.path.basename(src), "samples": int(len(ts)), "time_unit": unit}
+         "source": os.path.basename(src), "samples": int(len(ts)), "time_unit": unit,
+         "columns": {k: v for k, v in (("time", ts_name), ("addr", addr_name), ("pid", pid_name),
+                                       ("node", node_name)) if v is not None}}
     m.update(meta or {})
     write_trace(out, frames, m)
     return {"samples": int(len(ts)), "rows": int(sum(len(f[2]) for f in frames)),

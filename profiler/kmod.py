@@ -42,7 +42,19 @@ class KmodError(PagetierError):
 
 
 def module_path(release: str | None = None) -> Path:
+    """pagetier.ko as a checkout builds it (make -C kmod, scripts/setup.sh)."""
     return REPO / "build" / "kmod" / (release or platform.release()) / "pagetier.ko"
+
+
+def installed_path(release: str | None = None) -> Path | None:
+    """pagetier.ko installed for the kernel (by `dkms install`), as modprobe finds it; or None."""
+    try:
+        r = subprocess.run(["modinfo", "-k", release or platform.release(), "-n", "pagetier"],
+                           capture_output=True, text=True)
+    except OSError:  # no modinfo (kmod package)
+        return None
+    path = r.stdout.strip()
+    return Path(path) if r.returncode == 0 and path.startswith("/") else None
 
 
 def vermagic(ko: Path) -> str:
@@ -64,14 +76,24 @@ def is_loaded() -> bool:
 
 
 def load_module(ko: Path | None = None) -> None:
-    """insmod pagetier.ko built for the running kernel (a no-op if it is loaded)."""
+    """insmod pagetier.ko built for the running kernel (a no-op if it is loaded). With no ``ko``
+    and no build in the checkout, modprobe the module installed for this kernel (DKMS)."""
     if is_loaded():
         return
+    if not ko and not module_path().exists():
+        installed = installed_path()
+        if installed is not None:
+            res = subprocess.run(["modprobe", "pagetier"], capture_output=True, text=True)
+            if res.returncode != 0:
+                raise Unavailable(f"modprobe pagetier ({installed}) failed: {res.stderr.strip()} "
+                                  "(see dmesg)")
+            return
     ko = Path(ko) if ko else module_path()
     if not ko.exists():
         raise Unavailable(
             f"{ko} does not exist: build it with `make -C kmod KERNEL_DIR=/lib/modules/"
-            f"{platform.release()}/build` (scripts/setup.sh builds it for every installed kernel)"
+            f"{platform.release()}/build` (scripts/setup.sh builds it for every installed kernel), "
+            f"or install it with DKMS (README.md)"
         )
     magic = vermagic(ko).split()[0]
     if magic != platform.release():

@@ -17,7 +17,10 @@ def command():
 @command.command("load")
 @click.option("--ko", type=click.Path(dir_okay=False), help="a .ko other than the one built for this kernel")
 def load(ko):
-    """Insert pagetier.ko built for the running kernel (refuses one built for another)."""
+    """Insert pagetier.ko built for the running kernel (refuses one built for another).
+
+    Without a build in the checkout, the module installed for this kernel (DKMS) is loaded
+    with modprobe."""
     kmod.load_module(ko)
     click.echo(f"pagetier.ko {(kmod.SYSFS / 'version').read_text().strip()} loaded "
                f"on {platform.release()}")
@@ -34,8 +37,10 @@ def unload():
 @click.option("--json", "as_json", is_flag=True)
 def status(as_json):
     """Whether the module is loaded, its version, knobs and attached targets."""
+    installed = kmod.installed_path()
     st = {"loaded": kmod.is_loaded(), "kernel": platform.release(),
-          "built": str(kmod.module_path()) if kmod.module_path().exists() else None}
+          "built": str(kmod.module_path()) if kmod.module_path().exists() else None,
+          "installed": str(installed) if installed else None}
     if st["loaded"]:
         for f in ("version", "default_scan_period_ms", "max_targets"):
             st[f] = (kmod.SYSFS / f).read_text().strip()
@@ -44,7 +49,8 @@ def status(as_json):
     if as_json:
         click.echo(json.dumps(st))
         return
-    click.echo(f"kernel {st['kernel']}; module built: {st['built'] or 'no'}; loaded: {'yes' if st['loaded'] else 'no'}")
+    click.echo(f"kernel {st['kernel']}; module built: {st['built'] or 'no'}; installed: "
+               f"{st['installed'] or 'no'}; loaded: {'yes' if st['loaded'] else 'no'}")
     if st["loaded"]:
         click.echo(f"version {st['version']}, default scan period {st['default_scan_period_ms']} ms, "
                    f"max targets {st['max_targets']}")

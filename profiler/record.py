@@ -308,13 +308,16 @@ def _pids(text: str) -> list[int]:
 @click.option("--import", "import_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="convert sampled addresses (CSV/Feather: timestamp,address[,pid,node]) "
                    "instead of recording")
+@click.option("--columns", "columns", metavar="time=COL,addr=COL[,pid=COL,node=COL]",
+              help="with --import: the columns to read (default: found by their usual names, "
+                   "e.g. time_ns, data_addr)")
 @click.option("--time-unit", default="auto", show_default=True,
               type=click.Choice(["auto", "s", "ms", "us", "ns"]), help="with --import")
 @click.option("--quiet", "-q", is_flag=True, help="no progress line")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def command(backend, options, pid_text, interval_ms, duration, output, all_pages, no_nodes,
-            import_path, time_unit, quiet, as_json, cmd):
+            import_path, columns, time_unit, quiet, as_json, cmd):
     """Record page-access counts of processes into a trace file.
 
     \b
@@ -324,6 +327,7 @@ def command(backend, options, pid_text, interval_ms, duration, output, all_pages
       pagetier record -b kmod -O mode=abit --interval 500 -p 1234 -o run.parquet
       pagetier record -b bpf -O mark=kmod -p 1234 --duration 10 -o faults.parquet
       pagetier record --import perf-mem.csv --interval 100 -o sampled.parquet
+      pagetier record --import pebs.csv --columns time=tsc_ns,addr=vaddr -o sampled.parquet
     """
     if import_path:
         if pid_text or cmd:
@@ -331,9 +335,11 @@ def command(backend, options, pid_text, interval_ms, duration, output, all_pages
         from pagetier.profiler.importer import import_samples
 
         summary = import_samples(import_path, output, interval_s=interval_ms / 1000,
-                                 time_unit=time_unit)
+                                 time_unit=time_unit, columns=columns)
         _print_summary(summary, as_json)
         return
+    if columns:
+        raise ConfigError("--columns goes with --import")
     if bool(pid_text) == bool(cmd):
         raise ConfigError("record: give either --pid PID or -- CMD ...")
     profiler = create(backend, **_options(options))

@@ -30,7 +30,7 @@ CONFIGS = {
     "kmod-fault": ("kmod", {"mode": "fault", "scan_period_ms": 200}),
     "kmod-abit": ("kmod", {"mode": "abit", "scan_period_ms": 200}),
     "damon": ("damon", {}),
-    # the workload alone on CPU 1; the recorder and kdamond on CPU 0 (see KERNEL-NOTES: DAMON
+    # the workload alone on CPU 1; the recorder and kdamond on CPU 0 (docs/kernel-facts.md: DAMON
     # clears Accessed bits without a TLB flush)
     "damon-alone": ("damon", {"pin": True, "cpus": "0"}),
     "damon-fine": ("damon", {"sample_us": 1000, "aggr_ms": 200, "min_regions": 100}),

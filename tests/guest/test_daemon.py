@@ -30,12 +30,10 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module", autouse=True)
 def kmod_loaded():
-    try:
-        from pagetier.profiler import kmod
+    """Inside the VM the module must load: a failure to load is an error of every test here."""
+    from pagetier.profiler import kmod
 
-        kmod.load_module()
-    except Exception as e:  # noqa: BLE001 - the module is someone else's work in progress
-        pytest.skip(f"pagetier.ko not usable here: {e}")
+    kmod.load_module()
     yield
 
 
