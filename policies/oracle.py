@@ -474,7 +474,7 @@ def solve(frames, capacity: int, cost: CostModel, *, rate_mb_s: float = 512.0,
     try:
         import highspy
     except ImportError as e:
-        raise Unavailable("the oracle needs HiGHS: pip install 'pagetier[ilp]' (highspy)") from e
+        raise Unavailable("the oracle needs HiGHS (highspy, a dependency of pagetier): pip install highspy") from e
     if placement not in PLACEMENTS:
         raise ConfigError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     frames = _frames_list(frames)
