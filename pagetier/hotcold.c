@@ -24,6 +24,9 @@
  * rate). Noise raises the pages' access counters (word 0), but fast_fraction and
  * access_fast_fraction still describe the hot part only.
  *
+ * --phase S: every S seconds the hot part moves to the next window of its size (after the last
+ * whole window, back to the first).
+ *
  * --wait: after the ready line, wait for SIGUSR1 before the first access (the clock starts then),
  * so that whatever manages placement can be set up against the touched memory first.
  *
@@ -257,7 +260,11 @@ int main(int argc, char **argv)
 			if (phase > 0 && (long)((t - t0) / phase) != cur_phase) {
 				/* the hot part moves to the next window */
 				cur_phase = (long)((t - t0) / phase);
-				hot_first = (hot_first + hot_pages) % (npages - hot_pages + 1);
+				/* the next whole window, back to the first past the end: with --size twice
+				 * --hot, two regions take turns */
+				hot_first += hot_pages;
+				if (hot_first + hot_pages > npages)
+					hot_first = 0;
 				counters(buf, hot_first, hot_pages, seen);
 			}
 		}
