@@ -21,7 +21,7 @@ A run's record (what the guest side writes) holds:
 
 The metrics (per configuration and scenario):
 
-- ``t95``: seconds from a phase's start until at least 95% of the hot part's pages are on the fast
+- ``t95``: seconds from a phase's start (when the workload moved its hot part) until at least 95% of the hot part's pages are on the fast
   node (the workload's own move_pages look, once a second), the mean over the phases that got
   there; ``reached``: how many phases did;
 - ``held``: the mean share of the hot part on the fast node over the last third of each phase
@@ -54,19 +54,24 @@ def _frac(tick: dict, key: str):
 
 
 def _phases(ticks: list[dict], phase_s: float) -> list[tuple[int, float, float]]:
-    """(phase, start, end) of each phase that started during the run; the last ends with the
+    """(phase, start, end) of each phase that started during the run. The workload moves its hot
+    part right after the first tick at or past a phase boundary (that tick still reports the old
+    phase), so a phase starts at the previous phase's last tick; the last phase ends with the
     last tick."""
     if not ticks:
         return []
     last_t = ticks[-1]["t"]
     if not phase_s:
         return [(0, 0.0, last_t)]
+    ends: dict[int, float] = {}
+    for t in ticks:
+        ends[t["phase"]] = max(ends.get(t["phase"], 0.0), t["t"])
     out = []
-    for k in range(max(t["phase"] for t in ticks) + 1):
-        start = k * phase_s
+    for k in range(max(ends) + 1):
+        start = ends.get(k - 1, k * phase_s) if k else 0.0
         if start >= last_t:
             break
-        out.append((k, start, min(last_t, start + phase_s)))
+        out.append((k, start, ends.get(k, start + phase_s)))
     return out
 
 

@@ -38,6 +38,11 @@ def test_time_to_95_per_phase():
     assert live_table.time_to_hot(ticks, 4) == [3.0, 2.0, None]
     assert live_table.time_to_hot(ticks[:2], 4) == [None]
     assert live_table.time_to_hot([], 4) == []
+    # a late tick: the hot part moved at t=4.6 (the last tick of phase 0), not at 4
+    late = _ticks([0.1, 0.5, 0.96, 0.99, 0.2, 0.97], phase_s=4)
+    late[3]["t"], late[4]["t"], late[5]["t"] = 4.6, 5.6, 6.6
+    late[3]["phase"] = 0
+    assert live_table.time_to_hot(late, 4) == [3.0, 2.0]
     # 0.94 is not 95%; an unknown share (-1 from the workload) is not reached either
     assert live_table.time_to_hot(_ticks([0.94, -1.0, 0.95]), 0) == [3.0]
 
