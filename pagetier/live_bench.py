@@ -1,27 +1,35 @@
 """``pagetier bench live``: pagetier's policies against the kernel's own tiering, DAMON's tiering
-schemes and no migration, side by side, on the built-in workload in the two-node test VM.
+schemes and no migration, side by side, on the built-in workload in the two-node test VM, in
+scenario families, with every figure also a ratio to kernel tiering in the same scenario.
 
 On the host it boots the VM once (6.12 by default, with the slow node described through HMAT as a
-lower memory tier) and runs itself inside (``--in-guest``). Inside, each configuration runs in turn
-against a fresh workload: every page first touched on the slow node, a hot part that moves to the
-next window every ``phase`` seconds, so that whatever manages placement has to promote the new hot
-part and demote the old one to make room. Before the workload starts its accesses (it waits for
-SIGUSR1), the manager is set up, and the fast node's free memory is cut to the same size for every
-configuration by reserving the rest as 2 MiB hugetlb pages (which nothing can migrate or reclaim):
-the fast budget plus the node's promotion watermark, below which the kernel stops promoting.
-pagetier's daemon gets that budget as ``--fast-budget``.
+lower memory tier) and runs itself inside (``--in-guest``). Inside, each configuration of each
+scenario runs in turn against a fresh workload (hotcold.c) whose pages are all first touched on
+the slow node. The scenarios (``scenarios()``):
+
+- noise: a 64 MiB hot set in 256 MiB, with 0, 10, 100 or 1000 of every million accesses sent to a
+  random page anywhere, THP on and off: does the placement hold once cold pages look warm too?
+- fuller: the fast node has less free memory than the budget, and the hot window moves: the new
+  hot window fits only if the old one makes room (the node, not the budget, is the limit);
+- phases: the hot window alternates between two regions that do not both fit.
+
+Before the workload starts its accesses (it waits for SIGUSR1), the manager is set up, and the
+fast node's free memory is cut to the same size for every configuration by reserving the rest as
+2 MiB hugetlb pages (which nothing can migrate or reclaim): the scenario's free memory (its
+budget unless it says less) plus the node's promotion watermark, below which the kernel stops
+promoting. pagetier's daemon gets the budget as ``--fast-budget``.
 
 Configurations: ``none`` (numa_balancing 0, no demotion), ``pagetier:POLICY`` (the daemon, forked
 from the bench process with the same Daemon and config a ``pagetier attach`` would build, on
 pagetier.ko), ``kernel`` (numa_balancing 2 with demotion: see tiering.KernelTiering) and ``damos``
 (tiering.DamosTiering). One that cannot run here is listed with the reason.
 
-Measured each second: the workload's own report of the share of its accesses served by the fast
-node; where each of its pages is (move_pages queries), hence MB on the fast node, pages moved and
-ping-pongs (a page moved back to the node it left within PING_PONG_S); /proc/vmstat
-pgmigrate_success (all migrations in the guest); CPU time of whatever decides and moves (the
-daemon process, kswapd, the kdamonds) and of pagetier.ko's scans. live_table.py turns it into the
-table.
+Measured each second: the workload's own report of the share of its hot part on the fast node
+and of its accesses served there; where each of its pages is (move_pages queries), hence MB on
+the fast node, pages moved and ping-pongs (a page moved back to the node it left within
+PING_PONG_S); /proc/vmstat counters (all migrations in the guest); CPU time of whatever decides
+and moves (the daemon process, kswapd, the kdamonds) and of pagetier.ko's scans. live_table.py
+turns it into the tables.
 """
 from __future__ import annotations
 
