@@ -238,7 +238,7 @@ def family_summary(rows: list[dict]) -> str:
     kernel tiering, held within 5 points of it, and moved no more than it."""
     by_cfg: dict[str, list[dict]] = {}
     for r in rows:
-        if r["runnable"] and r["config"] != BASELINE:
+        if r["runnable"] and r["config"].startswith("pagetier:"):
             by_cfg.setdefault(r["config"], []).append(r)
     out = []
     for cfg, rs in by_cfg.items():

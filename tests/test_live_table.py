@@ -116,7 +116,8 @@ def test_moved_counts_the_counter_at_the_end_not_the_last_sample():
 def test_series_and_summary():
     recs = [_rec("kernel", [0.0] * 5 + [1.0] * 5), _rec("pagetier:heuristic", [1.0] * 10),
             _rec("kernel", [1.0] * 10, scenario="phases"),
-            _rec("pagetier:heuristic", [0.5] * 10, scenario="phases", moved_mb=5.0)]
+            _rec("pagetier:heuristic", [0.5] * 10, scenario="phases", moved_mb=5.0),
+            _rec("none", [0.0] * 10, scenario="phases")]
     rows = []
     for sc in ("noise100", "phases"):
         rows += live_table.add_ratios([live_table.summarize(r) for r in recs
@@ -127,7 +128,7 @@ def test_series_and_summary():
     assert out[4].split() == ["phases", "kernel", "100", "100"]
     summary = live_table.family_summary(rows)
     assert summary == ("pagetier:heuristic: against kernel tiering in 2 scenario(s): reached 95% "
-                       "no later in 1, held within 5 points in 1, moved no more in 1")
+                       "no later in 1, held within 5 points in 1, moved no more in 1")  # none: no line
 
 
 def test_scenarios_and_selection():
