@@ -229,7 +229,7 @@ def format_series(rows: list[dict], step: int = 5) -> str:
             m = _mean(s[c:c + step])
             cells.append(f"{_pct(m, '.0f', ''):>5}")
         label = f"{r.get('scenario') or ''} {r['config']}".strip()
-        out.append(f"{label:<34}" + "".join(cells))
+        out.append((f"{label:<34}" + "".join(cells)).rstrip())
     return "\n".join(out)
 
 
