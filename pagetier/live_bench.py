@@ -1,27 +1,35 @@
 """``pagetier bench live``: pagetier's policies against the kernel's own tiering, DAMON's tiering
-schemes and no migration, side by side, on the built-in workload in the two-node test VM.
+schemes and no migration, side by side, on the built-in workload in the two-node test VM, in
+scenario families, with every figure also a ratio to kernel tiering in the same scenario.
 
 On the host it boots the VM once (6.12 by default, with the slow node described through HMAT as a
-lower memory tier) and runs itself inside (``--in-guest``). Inside, each configuration runs in turn
-against a fresh workload: every page first touched on the slow node, a hot part that moves to the
-next window every ``phase`` seconds, so that whatever manages placement has to promote the new hot
-part and demote the old one to make room. Before the workload starts its accesses (it waits for
-SIGUSR1), the manager is set up, and the fast node's free memory is cut to the same size for every
-configuration by reserving the rest as 2 MiB hugetlb pages (which nothing can migrate or reclaim):
-the fast budget plus the node's promotion watermark, below which the kernel stops promoting.
-pagetier's daemon gets that budget as ``--fast-budget``.
+lower memory tier) and runs itself inside (``--in-guest``). Inside, each configuration of each
+scenario runs in turn against a fresh workload (hotcold.c) whose pages are all first touched on
+the slow node. The scenarios (``scenarios()``):
+
+- noise: a 64 MiB hot set in 256 MiB, with 0, 10, 100 or 1000 of every million accesses sent to a
+  random page anywhere, THP on and off: does the placement hold once cold pages look warm too?
+- fuller: the fast node has less free memory than the budget, and the hot window moves: the new
+  hot window fits only if the old one makes room (the node, not the budget, is the limit);
+- phases: the hot window alternates between two regions that do not both fit.
+
+Before the workload starts its accesses (it waits for SIGUSR1), the manager is set up, and the
+fast node's free memory is cut to the same size for every configuration by reserving the rest as
+2 MiB hugetlb pages (which nothing can migrate or reclaim): the scenario's free memory (its
+budget unless it says less) plus the node's promotion watermark, below which the kernel stops
+promoting. pagetier's daemon gets the budget as ``--fast-budget``.
 
 Configurations: ``none`` (numa_balancing 0, no demotion), ``pagetier:POLICY`` (the daemon, forked
 from the bench process with the same Daemon and config a ``pagetier attach`` would build, on
 pagetier.ko), ``kernel`` (numa_balancing 2 with demotion: see tiering.KernelTiering) and ``damos``
 (tiering.DamosTiering). One that cannot run here is listed with the reason.
 
-Measured each second: the workload's own report of the share of its accesses served by the fast
-node; where each of its pages is (move_pages queries), hence MB on the fast node, pages moved and
-ping-pongs (a page moved back to the node it left within PING_PONG_S); /proc/vmstat
-pgmigrate_success (all migrations in the guest); CPU time of whatever decides and moves (the
-daemon process, kswapd, the kdamonds) and of pagetier.ko's scans. live_table.py turns it into the
-table.
+Measured each second: the workload's own report of the share of its hot part on the fast node
+and of its accesses served there; where each of its pages is (move_pages queries), hence MB on
+the fast node, pages moved and ping-pongs (a page moved back to the node it left within
+PING_PONG_S); /proc/vmstat counters (all migrations in the guest); CPU time of whatever decides
+and moves (the daemon process, kswapd, the kdamonds) and of pagetier.ko's scans. live_table.py
+turns it into the tables.
 """
 from __future__ import annotations
 
@@ -43,22 +51,34 @@ from pagetier import live_table, vm
 from pagetier.daemon import config as config_mod
 from pagetier.errors import ConfigError, PagetierError
 
-DEFAULT_POLICIES = "heuristic,lru,heat-classes,first-touch"
+DEFAULT_POLICIES = "heuristic"
+DEFAULT_BASELINES = "kernel,damos,none"
+QUICK_BASELINES = "kernel,none"
+BASELINES = ("none", "kernel", "damos")
 PING_PONG_S = 10.0
 PAGE = 4096
 HUGE = 2 << 20
 FAST, SLOW = 0, 1
 RESULT_NAME = "bench-live.json"
+VMSTAT_KEYS = ("pgmigrate_success", "pgpromote_success", "pgdemote_kswapd", "pgdemote_direct",
+               "numa_hint_faults", "thp_migration_success")
 
 
 @dataclass
 class Spec:
-    """One bench run's parameters (the same for every configuration)."""
-    seconds: int = 120
-    phase: int = 40
+    """One scenario: the workload, the fast capacity, how long (the same for every
+    configuration)."""
+    name: str = "custom"
+    family: str = ""
+    seconds: int = 60
+    phase: int = 0
     size_mb: int = 256
     hot_mb: int = 64
     budget_mb: int = 96
+    node_free_mb: int | None = None  # free on the fast node above its promotion watermark
+    noise_ppm: int = 0
+    thp: bool = True
+    cold_rate: int = 0
     mode: str = "fault"
     scan_period_ms: int = 500
 
@@ -67,20 +87,105 @@ class Spec:
             raise ConfigError("bench live: --seconds must be >= 2 and --phase >= 0")
         if not (0 < self.hot_mb <= self.size_mb):
             raise ConfigError("bench live: need 0 < hot <= size")
-        if self.budget_mb <= 0:
-            raise ConfigError("bench live: --fast-budget must be > 0")
+        if self.budget_mb <= 0 or self.free_mb() <= 0:
+            raise ConfigError("bench live: the fast budget and the node's free memory must be > 0")
+
+    def free_mb(self) -> int:
+        """What the fast node has free (above its promotion watermark) when a run starts."""
+        return self.budget_mb if self.node_free_mb is None else self.node_free_mb
+
+    def workload_args(self) -> list[str]:
+        args = ["--size", str(self.size_mb), "--hot", str(self.hot_mb), "--start-node", str(SLOW),
+                "--fast-node", str(FAST), "--duration", str(self.seconds), "--phase",
+                str(self.phase), "--wait"]
+        if self.noise_ppm:
+            args += ["--noise-ppm", str(self.noise_ppm)]
+        if self.cold_rate:
+            args += ["--cold-rate", str(self.cold_rate)]
+        if not self.thp:
+            args.append("--no-thp")
+        return args
+
+    def describe(self) -> str:
+        what = [f"{self.size_mb} MiB, hot {self.hot_mb} MiB"]
+        if self.phase:
+            what.append(f"moving every {self.phase} s")
+        if self.noise_ppm:
+            what.append(f"noise {self.noise_ppm} ppm")
+        if self.cold_rate:
+            what.append(f"cold touches {self.cold_rate}/s")
+        what.append("THP" if self.thp else "no THP")
+        free = "" if self.node_free_mb is None else f", node free {self.node_free_mb} MiB"
+        return f"{', '.join(what)}; budget {self.budget_mb} MiB{free}; {self.seconds} s"
 
 
-def config_names(policies: str) -> list[str]:
-    """none, pagetier:POLICY for each policy, kernel, damos."""
+def scenarios() -> dict[str, Spec]:
+    """The built-in scenarios, by name (see the module's docstring)."""
+    out = {}
+    for ppm in (0, 10, 100, 1000):
+        for thp in (True, False):
+            name = f"noise{ppm}" + ("" if thp else "-nothp")
+            out[name] = Spec(name, "noise", seconds=60, size_mb=256, hot_mb=64, budget_mb=96,
+                             noise_ppm=ppm, thp=thp)
+    out["fuller"] = Spec("fuller", "fuller", seconds=45, phase=15, size_mb=256, hot_mb=80,
+                         budget_mb=128, node_free_mb=104)
+    # 3 x hot: the hot part's window goes A, B, C, then (hotcold wraps it modulo size - hot + 1)
+    # back to B and C less a page each time: after the first phase, two regions alternate
+    out["phases"] = Spec("phases", "phases", seconds=30, phase=5, size_mb=288, hot_mb=96,
+                         budget_mb=128)
+    return out
+
+
+QUICK_SCENARIOS = ("noise0", "noise100", "fuller", "phases")
+QUICK_NOISE_SECONDS = 40
+
+
+def select_scenarios(names: str | None, quick: bool = False, seconds: int | None = None,
+                     mode: str = "fault") -> list[Spec]:
+    """Scenarios by name or family ('noise' is all eight noise scenarios), in the order given;
+    None: all (--quick: the quick subset, noise runs cut to QUICK_NOISE_SECONDS)."""
+    table = scenarios()
+    if names is None:
+        picked = list(QUICK_SCENARIOS) if quick else list(table)
+    else:
+        picked = []
+        for n in filter(None, (x.strip() for x in names.split(","))):
+            fam = [k for k, s in table.items() if s.family == n]
+            if n in table:
+                fam = [n]
+            if not fam:
+                fams = sorted({s.family for s in table.values()})
+                raise ConfigError(f"bench live: unknown scenario {n!r} (scenarios: "
+                                  f"{', '.join(table)}; families: {', '.join(fams)})")
+            picked += [k for k in fam if k not in picked]
+    out = []
+    for n in picked:
+        s = table[n]
+        if quick and s.family == "noise":
+            s.seconds = min(s.seconds, QUICK_NOISE_SECONDS)
+        if seconds is not None:
+            s.seconds = seconds
+        s.mode = mode
+        s.check()
+        out.append(s)
+    return out
+
+
+def config_names(policies: str, baselines: str = DEFAULT_BASELINES) -> list[str]:
+    """kernel first (the others' ratios are to it), pagetier:POLICY for each policy, then damos
+    and none, as far as asked for."""
     from pagetier.policies import base
 
-    names = ["none"]
+    want = [b.strip() for b in baselines.split(",") if b.strip()]
+    bad = [b for b in want if b not in BASELINES]
+    if bad:
+        raise ConfigError(f"bench live: unknown baseline {bad[0]!r} (known: {', '.join(BASELINES)})")
+    names = ["kernel"] if "kernel" in want else []
     for p in filter(None, (x.strip() for x in policies.split(","))):
         if p not in base.known():
             raise ConfigError(f"bench live: unknown policy {p!r} (known: {', '.join(base.known())})")
         names.append(f"pagetier:{p}")
-    return names + ["kernel", "damos"]
+    return names + [b for b in ("damos", "none") if b in want]
 
 
 # ------------------------------------------------------------------ guest side: the pieces
@@ -198,11 +303,17 @@ class Lines:
 
 
 def vmstat(key: str) -> int:
+    return vmstats((key,))[key]
+
+
+def vmstats(keys=VMSTAT_KEYS) -> dict[str, int]:
+    """Those /proc/vmstat counters (0 for one this kernel lacks)."""
+    out = dict.fromkeys(keys, 0)
     for line in Path("/proc/vmstat").read_text().splitlines():
         k, _, v = line.partition(" ")
-        if k == key:
-            return int(v)
-    return 0
+        if k in out:
+            out[k] = int(v)
+    return out
 
 
 def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
@@ -250,7 +361,8 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
     from pagetier import tiering
     from pagetier.workload import binary
 
-    rec: dict = {"config": name, "runnable": True, "phase_s": spec.phase, "notes": []}
+    rec: dict = {"scenario": spec.name, "config": name, "runnable": True, "phase_s": spec.phase,
+                 "hot_mb": spec.hot_mb, "notes": []}
     manager = None
     if name == "kernel":
         manager = tiering.KernelTiering(FAST, SLOW)
@@ -268,9 +380,7 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
     daemon_pid = daemon_fd = None
     proc = None
     try:
-        argv = [str(binary()), "--size", str(spec.size_mb), "--hot", str(spec.hot_mb),
-                "--start-node", str(SLOW), "--fast-node", str(FAST), "--duration", str(spec.seconds),
-                "--phase", str(spec.phase), "--wait"]
+        argv = [str(binary()), *spec.workload_args()]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
         wl = Lines(proc.stdout.fileno())
         ready = None
@@ -293,10 +403,11 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
             if not dstats:
                 raise PagetierError(f"{name}: the daemon did not start (see its output above)")
         promo = config_mod.zone_watermark(FAST, "promo", page_size=PAGE)  # read once: a watermark boost moves it
-        reached = capacity.set(spec.budget_mb * 2**20 + promo)
+        reached = capacity.set(spec.free_mb() * 2**20 + promo)
         rec["fast_capacity_mb"] = round((reached - promo) / 2**20, 1)
         tracker = PageTracker(pid, ready["addr"], ready["size"])
-        mig0 = vmstat("pgmigrate_success")
+        vm0 = vmstats()
+        mig0 = vm0["pgmigrate_success"]
 
         def mgr_cpu():
             if daemon_pid is not None:
@@ -309,9 +420,9 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
             return dstats[-1].get("profiler_scan_s", 0.0) if dstats else 0.0
 
         cpu0, prof0 = mgr_cpu(), prof_cpu()
-        log(f"[{name}] workload pid {pid}: {spec.size_mb} MiB first touched on node {SLOW}; "
-            f"fast node free {reached / 2**20:.0f} MiB (budget {spec.budget_mb} MiB + promotion "
-            f"watermark); go")
+        log(f"[{spec.name} {name}] workload pid {pid}: {spec.describe()}; first touched on node "
+            f"{SLOW}; fast node free {reached / 2**20:.0f} MiB ({spec.free_mb()} MiB + the "
+            f"promotion watermark); go")
         t0 = time.monotonic()
         proc.send_signal(signal.SIGUSR1)
         ticks, samples = [], []
@@ -343,10 +454,13 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
                     "prof_cpu_s": None if p is None else round(p - prof0, 3)})
                 next_sample += 1.0
                 if ticks:
-                    log(f"[{name}] t={t:4.0f}s fast-access {ticks[-1]['access_fast_fraction'] * 100:5.1f}% "
-                        f"workload on fast {fast_mb:6.1f} MB, migrated "
-                        f"{samples[-1]['pgmigrate'] * PAGE / 2**20:6.1f} MB")
+                    log(f"[{spec.name} {name}] t={t:4.0f}s hot set on fast "
+                        f"{max(ticks[-1]['fast_fraction'], 0) * 100:5.1f}%, workload on fast "
+                        f"{fast_mb:6.1f} MB, migrated {samples[-1]['pgmigrate'] * PAGE / 2**20:6.1f} MB, "
+                        f"pp {tracker.ping_pongs}")
         rc = proc.wait()
+        vm1 = vmstats()
+        rec["vmstat"] = {k: vm1[k] - vm0[k] for k in vm0}
         rec["memory_ok"] = rc == 0 and rec.get("done", {}).get("pages_corrupt", 1) == 0
         rec.update(ticks=ticks, samples=samples)
         if daemon_pid is not None:
@@ -398,8 +512,9 @@ def _notes(name: str) -> list[str]:
     return []
 
 
-def guest_main(names: list[str], spec: Spec, out_path: Path, log=print) -> int:
-    """Runs inside the VM: every configuration in turn; the records as JSON to ``out_path``."""
+def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print) -> int:
+    """Runs inside the VM: every configuration of every scenario in turn; the records as JSON to
+    ``out_path`` (rewritten after each scenario, so a run cut short keeps what it measured)."""
     from pagetier import tiering
     from pagetier.profiler import kmod
 
@@ -407,63 +522,82 @@ def guest_main(names: list[str], spec: Spec, out_path: Path, log=print) -> int:
     tiers = tiering.memory_tiers()
     log("memory tiers: " + (", ".join(f"memory_tier{t} = nodes {nl}" for t, nl in tiers.items())
                             or "none"))
-    records = []
+    doc = {"kernel": os.uname().release, "memory_tiers": tiers, "configs": names,
+           "scenarios": []}
     loaded = False
     try:
         if any(n.startswith("pagetier:") for n in names):
             kmod.load_module()
             loaded = True
-        for name in names:
-            t = time.monotonic()
-            try:
-                rec = run_config(name, spec, log=log)
-            except PagetierError as e:
-                rec = {"config": name, "runnable": False, "reason": f"failed: {e}"}
-            rec["wall_s"] = round(time.monotonic() - t, 1)
-            log(f"[{name}] " + ("done" if rec["runnable"] else f"not run: {rec['reason']}")
-                + f" ({rec['wall_s']:.0f} s)")
-            records.append(rec)
+        for spec in specs:
+            records = []
+            doc["scenarios"].append({"spec": asdict(spec), "records": records})
+            for name in names:
+                t = time.monotonic()
+                try:
+                    rec = run_config(name, spec, log=log)
+                except PagetierError as e:
+                    rec = {"scenario": spec.name, "config": name, "runnable": False,
+                           "reason": f"failed: {e}"}
+                rec["wall_s"] = round(time.monotonic() - t, 1)
+                log(f"[{spec.name} {name}] " + ("done" if rec["runnable"] else
+                                                f"not run: {rec['reason']}")
+                    + f" ({rec['wall_s']:.0f} s)")
+                records.append(rec)
+            out_path.write_text(json.dumps(doc))
     finally:
         for p, v in saved.items():
             tiering.write_sysctl(p, v)
         if loaded:
             kmod.unload_module()
-    doc = {"spec": asdict(spec), "kernel": os.uname().release, "memory_tiers": tiers,
-           "records": records}
     out_path.write_text(json.dumps(doc))
     return 0
 
 
 # ------------------------------------------------------------------ host side
 def results(doc: dict) -> list[dict]:
-    rows = [live_table.summarize(r) for r in doc["records"]]
-    return live_table.add_ratios(rows)
+    """Every scenario's rows, each with its ratios to kernel tiering in that scenario."""
+    rows = []
+    for sc in doc["scenarios"]:
+        srows = []
+        for r in sc["records"]:
+            row = live_table.summarize(r)
+            row["scenario"] = sc["spec"]["name"]
+            srows.append(row)
+        rows += live_table.add_ratios(srows)
+    return rows
 
 
 def report(doc: dict, command_line: str) -> str:
-    spec = doc["spec"]
     rows = results(doc)
     tiers = ", ".join(f"memory_tier{t}: nodes {nl}" for t, nl in doc["memory_tiers"].items())
     head = [
         f"$ {command_line}",
         f"kernel {doc['kernel']}; memory tiers: {tiers or 'none'}",
-        f"workload: {spec['size_mb']} MiB first touched on the slow node, hot part "
-        f"{spec['hot_mb']} MiB moving every {spec['phase']} s, {spec['seconds']} s per config; "
-        f"fast node cut to {spec['budget_mb']} MiB + the promotion watermark",
-        "fast acc: share of the workload's accesses served by the fast node (mean of seconds); "
-        "x none: ratio to no migration; end: last 3 s; t->hot: s from a phase start until "
-        f">= {live_table.HOT_THRESHOLD:.0%} (mean of phases); MB moved: workload pages seen changing "
-        "node (sampled each second); vm MB: pgmigrate_success of the whole guest; "
-        f"pp: pages moved back within {PING_PONG_S:.0f} s; peak MB: workload on fast node; "
-        "mgr s / prof s: CPU s of the mover / the profiler; acc/s x: workload speed vs none",
+        "scenarios (every page first touched on the slow node; each configuration gets the fast "
+        "node cut to the same free memory: the budget, or less where 'node free' says so, plus "
+        "the promotion watermark):",
+    ]
+    head += [f"  {sc['spec']['name']:<16} {Spec(**sc['spec']).describe()}" for sc in doc["scenarios"]]
+    head += [
+        "t95 s: s from a phase's start until >= 95% of the hot set is on the fast node (mean of "
+        "the phases that got there; reach: how many did); held %: mean share of the hot set on "
+        "the fast node over the last third of each phase; MB moved: pgmigrate_success of the "
+        f"guest during the run; x hot: MB moved / hot set MB; pp: workload pages moved back "
+        f"within {PING_PONG_S:.0f} s (4 KiB pages); mgr s: CPU s of the mover; x kern: ratio "
+        "to kernel tiering in the same scenario; -kern: held minus kernel's, in points; acc/s x: "
+        "workload speed vs kernel tiering",
         "",
         live_table.format_table(rows),
         "",
-        live_table.format_series(rows),
     ]
+    summary = live_table.family_summary(rows)
+    if summary:
+        head += [summary, ""]
+    head.append(live_table.format_series(rows))
     for r in rows:
         if r["runnable"] and r.get("memory_ok") is False:
-            head.append(f"WARNING: {r['config']}: the workload's memory check failed")
+            head.append(f"WARNING: {r['scenario']} {r['config']}: the workload's memory check failed")
     notes = sorted({n for r in rows if r["runnable"] for n in r.get("notes", [])})
     if notes:
         head += [""] + [f"note: {n}" for n in notes]
@@ -475,76 +609,97 @@ def report(doc: dict, command_line: str) -> str:
 
 
 @click.command("live")
-@click.option("--quick", is_flag=True, help="40 s per configuration, the hot part moving at 20 s")
+@click.option("--quick", is_flag=True,
+              help=f"scenarios {','.join(QUICK_SCENARIOS)} (noise runs {QUICK_NOISE_SECONDS} s); "
+                   f"baselines {QUICK_BASELINES}")
+@click.option("--scenarios", "scenario_names",
+              help="scenarios or families, comma-separated (default: all; --quick: its subset)")
 @click.option("--policies", default=DEFAULT_POLICIES, show_default=True,
               help="pagetier policies to run, comma-separated ('' for none)")
+@click.option("--baselines", help=f"of {','.join(BASELINES)} [default: {DEFAULT_BASELINES}; "
+                                  f"--quick: {QUICK_BASELINES}]")
 @click.option("--kernel", "-k", default="6.12", show_default=True, help="6.12 or 6.1")
-@click.option("--seconds", type=int, help="seconds per configuration (default 120; quick 40)")
-@click.option("--phase", type=int, help="seconds before the hot part moves (default 40; quick 20)")
-@click.option("--fast-budget", default="96M", show_default=True,
-              help="fast memory for the workload, the same for every configuration")
+@click.option("--seconds", type=int, help="seconds per run, for every scenario (default: each "
+                                          "scenario's own)")
 @click.option("--mode", type=click.Choice(["fault", "abit"]), default="fault", show_default=True,
               help="pagetier.ko profiling mode")
-@click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
+@click.option("--list", "list_only", is_flag=True, help="list the scenarios and exit")
+@click.option("--json", "as_json", is_flag=True, help="write only the results, as JSON, to stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="also write the results here")
 @click.option("--configs", hidden=True, help="exactly these configurations, comma-separated")
 @click.option("--in-guest", is_flag=True, hidden=True)
 @click.option("--records", type=click.Path(dir_okay=False), hidden=True,
               help="print the table of a saved results file instead of running")
-def command(quick, policies, kernel, seconds, phase, fast_budget, mode, as_json, output,
-            configs, in_guest, records):
+def command(quick, scenario_names, policies, baselines, kernel, seconds, mode, list_only,
+            as_json, output, configs, in_guest, records):
     """Compare pagetier's policies with the kernel's tiering, DAMOS and no migration, live in
-    the two-node test VM (6.12: the slow node is a lower memory tier).
+    the two-node test VM (6.12: the slow node is a lower memory tier), in scenario families:
+    noise (0, 10, 100, 1000 accesses per million anywhere, THP on and off), a fast node fuller
+    than the budget, two regions alternating in phases. Figures are ratios to kernel tiering.
 
     \b
     Examples:
       pagetier bench live --quick
-      pagetier bench live --policies heuristic,lru -o live.json
+      pagetier bench live --scenarios noise -o noise.json
+      pagetier bench live --scenarios phases,fuller --policies heuristic,lru
       pagetier bench live --quick --json
     """
-    from pagetier.daemon.config import parse_size
-
-    budget = parse_size(fast_budget, "--fast-budget", "command line")
-    spec = Spec(seconds=seconds or (40 if quick else 120), phase=(20 if quick else 40)
-                if phase is None else phase, budget_mb=budget // 2**20, mode=mode)
-    spec.check()
-    names = config_names(policies)
+    if list_only:
+        for s in scenarios().values():
+            click.echo(f"{s.name:<16} {s.family:<7} {s.describe()}"
+                       + ("  (quick)" if s.name in QUICK_SCENARIOS else ""))
+        return
+    specs = select_scenarios(scenario_names, quick=quick, seconds=seconds, mode=mode)
+    if baselines is None:
+        baselines = QUICK_BASELINES if quick else DEFAULT_BASELINES
+    names = config_names(policies, baselines)
     if configs:
         names = [c.strip() for c in configs.split(",") if c.strip()]
-        bad = [c for c in names if c not in ("none", "kernel", "damos") and not c.startswith("pagetier:")]
+        bad = [c for c in names if c not in BASELINES and not c.startswith("pagetier:")]
         if bad:
             raise ConfigError(f"bench live: unknown configuration {bad[0]!r}")
     if in_guest or vm.in_guest():
         if not output:
             raise ConfigError("bench live --in-guest needs -o")
-        sys.exit(guest_main(names, spec, Path(output), log=lambda m: click.echo(m, err=True)))
+        sys.exit(guest_main(names, specs, Path(output), log=lambda m: click.echo(m, err=True)))
     argv = ["pagetier", *sys.argv[1:]]
     if records:
         doc = json.loads(Path(records).read_text())
     else:
-        doc = run_in_vm(names, spec, kernel, echo=not as_json)
+        if not names:
+            raise ConfigError("bench live: nothing to run (no policy and no baseline)")
+        doc = run_in_vm(names, specs, kernel, quick=quick, seconds=seconds, mode=mode,
+                        echo=not as_json)
     doc["command"] = shlex.join(argv)
+    rows = results(doc)
     if output:
-        Path(output).write_text(json.dumps({**doc, "rows": results(doc)}, indent=1))
+        Path(output).write_text(json.dumps({**doc, "rows": rows}, indent=1))
     if as_json:
         click.echo(json.dumps({"command": doc["command"], "kernel": doc["kernel"],
-                               "spec": doc["spec"], "rows": results(doc)}))
+                               "scenarios": [sc["spec"] for sc in doc["scenarios"]],
+                               "vm_seconds": doc.get("vm_seconds"),
+                               "kernel_reports": doc.get("kernel_reports", []), "rows": rows}))
     else:
         click.echo(report(doc, doc["command"]))
     if doc.get("kernel_reports"):
         sys.exit(1)
 
 
-def run_in_vm(names, spec: Spec, kernel: str, echo: bool = True) -> dict:
+def run_in_vm(names, specs: list[Spec], kernel: str, quick: bool = False,
+              seconds: int | None = None, mode: str = "fault", echo: bool = True) -> dict:
+    """Boots the HMAT VM once and runs every scenario in it (``echo``: the guest's progress to
+    stdout as it comes)."""
     from pagetier.workload import binary
 
     binary()
     cmd = (f"pagetier bench live --in-guest --configs {shlex.quote(','.join(names))} "
-           f"--seconds {spec.seconds} --phase {spec.phase} --fast-budget {spec.budget_mb}M "
-           f"--mode {spec.mode} -o \"$PAGETIER_VM_OUT/{RESULT_NAME}\"")
+           f"--scenarios {shlex.quote(','.join(s.name for s in specs))} --mode {mode} "
+           + ("--quick " if quick else "") + (f"--seconds {seconds} " if seconds else "")
+           + f"-o \"$PAGETIER_VM_OUT/{RESULT_NAME}\"")
     t0 = time.monotonic()
+    budget = sum(len(names) * (s.seconds + 120) for s in specs)
     res = vm.run(cmd, kernel=kernel, fast="1G", slow="1G", hmat=True, echo=echo,
-                 timeout=900 + len(names) * (spec.seconds + 120))
+                 timeout=900 + budget)
     result = res.outdir / RESULT_NAME
     if res.returncode != 0 or not result.exists():
         res.check()

@@ -1,24 +1,45 @@
 """The figures of ``pagetier bench live``: one run's raw record turned into metrics, ratios
-against the no-migration run, and the side-by-side table. Pure functions (unit-tested on the host).
+against kernel tiering in the same scenario, and the side-by-side tables. Pure functions
+(unit-tested on the host).
 
 A run's record (what the guest side writes) holds:
 
 - ``ticks``: the workload's own lines, once a second: ``t`` (its clock), ``phase``,
-  ``access_fast_fraction`` (share of that second's accesses served by the fast node),
-  ``fast_fraction`` (share of the hot part on the fast node), ``accesses_per_s``;
+  ``fast_fraction`` (share of the hot part's pages on the fast node; -1 when no page's node was
+  known), ``access_fast_fraction`` (share of that second's accesses to the hot part served by the
+  fast node), ``accesses_per_s``;
 - ``samples``: the bench's own look once a second, cumulative since the workload started:
   ``t``, ``fast_mb`` (workload pages on the fast node), ``moved_pages`` and ``ping_pongs`` (of
   the workload's pages, seen by comparing each page's node between samples), ``pgmigrate``
   (/proc/vmstat ``pgmigrate_success`` since the start: every page migrated in the guest),
   ``mgr_cpu_s`` and ``prof_cpu_s`` (None where not measurable);
-- ``phase_s``: seconds per phase of the workload (its hot part moves to the next window then).
+- ``vmstat``: /proc/vmstat counters' growth from the start to the workload's end
+  (``pgmigrate_success``, ``pgpromote_success``, ``pgdemote_kswapd``, ``numa_hint_faults``, ...);
+- ``hot_mb``: the hot part's size;
+- ``phase_s``: seconds per phase of the workload (its hot part moves to the next window then;
+  0: it never moves).
+
+The metrics (per configuration and scenario):
+
+- ``t95``: seconds from a phase's start (when the workload moved its hot part) until at least 95% of the hot part's pages are on the fast
+  node (the workload's own move_pages look, once a second), the mean over the phases that got
+  there; ``reached``: how many phases did;
+- ``held``: the mean share of the hot part on the fast node over the last third of each phase
+  (of the whole run when the hot part does not move): whether the placement holds;
+- ``moved_mb``: MB migrated in the guest during the run (``pgmigrate_success`` from the start
+  to the workload's end), ``pp``:
+  ping-pongs (workload pages moved back to the node they left within the bench's window);
+- ratios to kernel tiering: ``t95 / t95_kernel``, ``moved / moved_kernel`` and
+  ``held - held_kernel`` (percentage points).
 """
 from __future__ import annotations
 
 import math
 
-HOT_THRESHOLD = 0.9  # the hot set "reached" the fast node when this share of accesses is served there
+HOT_THRESHOLD = 0.95  # the hot set "reached" the fast node when this share of its pages is there
+HELD_PART = 1 / 3  # held: the mean over the last third of each phase
 PAGE = 4096
+BASELINE = "kernel"
 
 
 def _mean(xs):
@@ -26,51 +47,90 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def time_to_hot(ticks: list[dict], phase_s: float, threshold: float = HOT_THRESHOLD):
-    """Per phase that started during the run: seconds from its start to the first tick where at
-    least ``threshold`` of the accesses went to the fast node (None: not within the phase)."""
+def _frac(tick: dict, key: str):
+    """A tick's fraction, None when the workload could not tell (it writes -1 then)."""
+    v = tick.get(key)
+    return None if v is None or v < 0 else v
+
+
+def _phases(ticks: list[dict], phase_s: float) -> list[tuple[int, float, float]]:
+    """(phase, start, end) of each phase that started during the run. The workload moves its hot
+    part right after the first tick at or past a phase boundary (that tick still reports the old
+    phase), so a phase starts at the previous phase's last tick; the last phase ends with the
+    last tick."""
     if not ticks:
         return []
     last_t = ticks[-1]["t"]
-    nphases = max(t["phase"] for t in ticks) + 1 if phase_s else 1
+    if not phase_s:
+        return [(0, 0.0, last_t)]
+    ends: dict[int, float] = {}
+    for t in ticks:
+        ends[t["phase"]] = max(ends.get(t["phase"], 0.0), t["t"])
     out = []
-    for k in range(nphases):
-        start = k * phase_s if phase_s else 0.0
+    for k in range(max(ends) + 1):
+        start = ends.get(k - 1, k * phase_s) if k else 0.0
         if start >= last_t:
             break
-        hit = next((t["t"] for t in ticks
-                    if t["phase"] == k and t["access_fast_fraction"] >= threshold), None)
+        out.append((k, start, ends.get(k, start + phase_s)))
+    return out
+
+
+def time_to_hot(ticks: list[dict], phase_s: float, threshold: float = HOT_THRESHOLD,
+                key: str = "fast_fraction"):
+    """Per phase that started during the run: seconds from its start to the first tick where at
+    least ``threshold`` of the hot part was on the fast node (``key``: or of the accesses went
+    there); None: not within the phase."""
+    out = []
+    for k, start, _ in _phases(ticks, phase_s):
+        hit = next((t["t"] for t in ticks if t["phase"] == k
+                    and (_frac(t, key) or 0.0) >= threshold), None)
         out.append(None if hit is None else round(hit - start, 2))
     return out
 
 
+def held_share(ticks: list[dict], phase_s: float, part: float = HELD_PART,
+               key: str = "fast_fraction"):
+    """Mean share of the hot part on the fast node over the last ``part`` of each phase (the
+    phases' means averaged; a phase with no tick there is left out)."""
+    per_phase = []
+    for k, start, end in _phases(ticks, phase_s):
+        since = end - part * (end - start)
+        per_phase.append(_mean([_frac(t, key) for t in ticks
+                                if t["phase"] == k and t["t"] >= since]))
+    return _mean(per_phase)
+
+
 def summarize(rec: dict) -> dict:
     """The metrics of one configuration's run (a not-runnable one keeps its reason)."""
-    out = {"config": rec["config"], "runnable": rec.get("runnable", True),
-           "reason": rec.get("reason")}
+    out = {"scenario": rec.get("scenario"), "config": rec["config"],
+           "runnable": rec.get("runnable", True), "reason": rec.get("reason")}
     if not out["runnable"]:
         return out
     ticks, samples = rec.get("ticks", []), rec.get("samples", [])
-    fr = [t["access_fast_fraction"] for t in ticks]
-    hot = time_to_hot(ticks, rec.get("phase_s", 0))
-    reached = [h for h in hot if h is not None]
+    phase_s = rec.get("phase_s", 0)
+    t95 = time_to_hot(ticks, phase_s)
+    reached = [h for h in t95 if h is not None]
     last = samples[-1] if samples else {}
     out.update({
         "seconds": ticks[-1]["t"] if ticks else 0.0,
-        "fast_access": _mean(fr),  # mean over the run of the per-second shares
-        "fast_access_end": _mean(fr[-3:]),  # the last three seconds
-        "fast_access_series": [round(x, 4) for x in fr],
-        "time_to_hot": hot,
-        "time_to_hot_mean": _mean(reached),
-        "phases_reached": f"{len(reached)}/{len(hot)}",
+        "hot_mb": rec.get("hot_mb"),
+        "t95_phases": t95,
+        "t95": _mean(reached),
+        "reached": f"{len(reached)}/{len(t95)}",
+        "held": held_share(ticks, phase_s),
+        "hot_share_series": [_frac(t, "fast_fraction") for t in ticks],
+        "fast_access": _mean([_frac(t, "access_fast_fraction") for t in ticks]),
         "accesses_per_s": _mean([t["accesses_per_s"] for t in ticks]),
-        "migrated_mb": last.get("pgmigrate", 0) * PAGE / 2**20,
+        # the counter at the workload's end: a mover's last batch may land after the last sample
+        "moved_mb": rec.get("vmstat", {}).get("pgmigrate_success",
+                                              last.get("pgmigrate", 0)) * PAGE / 2**20,
         "workload_moved_mb": last.get("moved_pages", 0) * PAGE / 2**20,
         "ping_pongs": last.get("ping_pongs", 0),
         "peak_fast_mb": max((s["fast_mb"] for s in samples), default=0.0),
         "mgr_cpu_s": last.get("mgr_cpu_s"),
         "prof_cpu_s": last.get("prof_cpu_s"),
         "fast_capacity_mb": rec.get("fast_capacity_mb"),
+        "vmstat": rec.get("vmstat", {}),
         "memory_ok": rec.get("memory_ok"),
         "notes": rec.get("notes", []),
     })
@@ -84,14 +144,24 @@ def ratio(x, base):
     return x / base
 
 
-def add_ratios(rows: list[dict], baseline: str = "none") -> list[dict]:
-    """Ratios of each runnable row against the baseline row (fast-access share, accesses/s)."""
-    base = next((r for r in rows if r["config"] == baseline and r["runnable"]), None)
+def diff(x, base):
+    return None if x is None or base is None else x - base
+
+
+def add_ratios(rows: list[dict], baseline: str = BASELINE) -> list[dict]:
+    """Each runnable row against the baseline row of its scenario: t95 and MB moved as ratios,
+    held as a difference, accesses/s as a ratio; and MB moved per MB of the hot set."""
+    bases = {r.get("scenario"): r for r in rows if r["config"] == baseline and r["runnable"]}
     for r in rows:
         if not r["runnable"]:
             continue
-        r["fast_access_vs_none"] = ratio(r["fast_access"], base and base["fast_access"])
-        r["accesses_vs_none"] = ratio(r["accesses_per_s"], base and base["accesses_per_s"])
+        b = bases.get(r.get("scenario"), {})
+        r["t95_x"] = ratio(r["t95"], b.get("t95"))
+        r["moved_x"] = ratio(r["moved_mb"], b.get("moved_mb"))
+        r["moved_d"] = diff(r["moved_mb"], b.get("moved_mb"))
+        r["held_d"] = diff(r["held"], b.get("held"))
+        r["accesses_x"] = ratio(r["accesses_per_s"], b.get("accesses_per_s"))
+        r["moved_per_hot"] = ratio(r["moved_mb"], r.get("hot_mb"))
     return rows
 
 
@@ -101,46 +171,84 @@ def _f(x, fmt: str, none: str = "n/a") -> str:
     return format(x, fmt)
 
 
+def _pct(x, fmt: str = ".0f", none: str = "n/a") -> str:
+    return _f(None if x is None else x * 100, fmt, none)
+
+
+COLUMNS = (f"{'scenario':<15} {'config':<20} {'t95 s':>6} {'x kern':>6} {'reach':>5} "
+           f"{'held %':>6} {'-kern':>5} {'MB moved':>8} {'x kern':>6} {'x hot':>5} "
+           f"{'pp':>6} {'mgr s':>6} {'acc/s x':>7}")
+
+
+def format_row(r: dict) -> str:
+    return (f"{(r.get('scenario') or ''):<15} {r['config']:<20} {_f(r['t95'], '.1f', '--'):>6} "
+            f"{_f(r.get('t95_x'), '.2f', '--'):>6} {r['reached']:>5} "
+            f"{_pct(r['held'], '.1f'):>6} {_f(None if r.get('held_d') is None else r['held_d'] * 100, '+.0f', '--'):>5} "
+            f"{r['moved_mb']:>8.1f} {_f(r.get('moved_x'), '.2f', '--'):>6} "
+            f"{_f(r.get('moved_per_hot'), '.1f', '--'):>5} {r['ping_pongs']:>6} "
+            f"{_f(r['mgr_cpu_s'], '.2f'):>6} {_f(r.get('accesses_x'), '.2f'):>7}")
+
+
 def format_table(rows: list[dict]) -> str:
-    """The side-by-side table (about 105 columns), then the rows that could not run."""
-    head = (f"{'config':<20} {'fast acc':>8} {'x none':>6} {'end':>6} {'t->hot':>7} "
-            f"{'MB moved':>8} {'vm MB':>6} {'pp':>5} {'peak MB':>7} {'mgr s':>6} {'prof s':>6} "
-            f"{'acc/s x':>7}")
-    out = [head]
+    """The side-by-side table (about 110 columns; a blank line between scenarios), then the
+    rows that could not run with their reasons."""
+    out = [COLUMNS]
+    prev = None
     for r in rows:
         if not r["runnable"]:
             continue
-        hot = _f(r["time_to_hot_mean"], ".1f", "--")
-        hot = f"{hot}s" if hot != "--" else hot
-        out.append(
-            f"{r['config']:<20} {_f(r['fast_access'] and r['fast_access'] * 100, '.1f')+'%':>8} "
-            f"{_f(r.get('fast_access_vs_none'), '.2f'):>6} "
-            f"{_f(r['fast_access_end'] and r['fast_access_end'] * 100, '.0f')+'%':>6} "
-            f"{hot:>7} {r['workload_moved_mb']:>8.1f} {r['migrated_mb']:>6.1f} {r['ping_pongs']:>5} "
-            f"{r['peak_fast_mb']:>7.1f} "
-            f"{_f(r['mgr_cpu_s'], '.2f'):>6} {_f(r['prof_cpu_s'], '.2f'):>6} "
-            f"{_f(r.get('accesses_vs_none'), '.2f'):>7}")
+        if prev is not None and r.get("scenario") != prev:
+            out.append("")
+        prev = r.get("scenario")
+        out.append(format_row(r))
     skipped = [r for r in rows if not r["runnable"]]
     if skipped:
         out.append("")
         out.append("not run:")
-        out += [f"  {r['config']}: {r['reason']}" for r in skipped]
+        out += [f"  {(r.get('scenario') + ' ') if r.get('scenario') else ''}{r['config']}: "
+                f"{r['reason']}" for r in skipped]
     return "\n".join(out)
 
 
 def format_series(rows: list[dict], step: int = 5) -> str:
-    """Share of accesses served by the fast node over time: ``step``-second means, in percent."""
+    """Share of the hot part on the fast node over time: ``step``-second means, in percent."""
     runnable = [r for r in rows if r["runnable"]]
     if not runnable:
         return ""
-    n = max(len(r["fast_access_series"]) for r in runnable)
+    n = max(len(r["hot_share_series"]) for r in runnable)
     cols = list(range(0, n, step))
-    out = [f"{'fast-access % by second':<24}" + "".join(f"{c:>4}-" for c in cols)]
+    out = [f"{'hot set on fast node, % by second':<34}" + "".join(f"{c:>4}-" for c in cols)]
+    prev = None
     for r in runnable:
-        s = r["fast_access_series"]
+        if prev is not None and r.get("scenario") != prev:
+            out.append("")
+        prev = r.get("scenario")
+        s = r["hot_share_series"]
         cells = []
         for c in cols:
             m = _mean(s[c:c + step])
-            cells.append(f"{_f(None if m is None else m * 100, '.0f', ''):>5}")
-        out.append(f"{r['config']:<24}" + "".join(cells))
+            cells.append(f"{_pct(m, '.0f', ''):>5}")
+        label = f"{r.get('scenario') or ''} {r['config']}".strip()
+        out.append((f"{label:<34}" + "".join(cells)).rstrip())
+    return "\n".join(out)
+
+
+def family_summary(rows: list[dict]) -> str:
+    """One line per pagetier configuration: in how many scenarios it reached 95% no later than
+    kernel tiering, held within 5 points of it, and moved no more than it."""
+    by_cfg: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["runnable"] and r["config"].startswith("pagetier:"):
+            by_cfg.setdefault(r["config"], []).append(r)
+    out = []
+    for cfg, rs in by_cfg.items():
+        n = sum(1 for r in rs if r.get("held_d") is not None)
+        if not n:
+            continue
+        faster = sum(1 for r in rs if r["t95"] is not None and
+                     (r.get("t95_x") is None or r["t95_x"] <= 1.0))
+        held = sum(1 for r in rs if r.get("held_d") is not None and r["held_d"] >= -0.05)
+        lighter = sum(1 for r in rs if r.get("moved_d") is not None and r["moved_d"] <= 0)
+        out.append(f"{cfg}: against kernel tiering in {n} scenario(s): reached 95% no later in "
+                   f"{faster}, held within 5 points in {held}, moved no more in {lighter}")
     return "\n".join(out)

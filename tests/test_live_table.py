@@ -1,11 +1,19 @@
-"""bench live's figures: metrics of one run, ratios against no migration, the table."""
+"""bench live's figures: metrics of one run, ratios against kernel tiering, the tables; and the
+scenario table the command builds its runs from."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
 from pagetier import live_bench, live_table
+from pagetier.errors import ConfigError
 
 
-def _ticks(fractions, phase_s=0, rate=1000.0):
-    return [{"t": float(i + 1), "phase": i // phase_s if phase_s else 0,
-             "access_fast_fraction": f, "fast_fraction": f, "accesses_per_s": rate}
-            for i, f in enumerate(fractions)]
+def _ticks(hot_share, phase_s=0, rate=1000.0, access=None):
+    return [{"t": float(i + 1), "phase": int((i + 1 - 1e-9) // phase_s) if phase_s else 0,
+             "fast_fraction": f, "access_fast_fraction": f if access is None else access[i],
+             "accesses_per_s": rate}
+            for i, f in enumerate(hot_share)]
 
 
 def _samples(n, pgmigrate=0, moved=0, pp=0, fast_mb=0.0, cpu=None):
@@ -13,60 +21,173 @@ def _samples(n, pgmigrate=0, moved=0, pp=0, fast_mb=0.0, cpu=None):
              "pgmigrate": pgmigrate, "mgr_cpu_s": cpu, "prof_cpu_s": None} for i in range(n)]
 
 
-def test_time_to_hot_per_phase():
-    # phase 0: reaches 90% at t=3; phase 1 (starts at t=4): at t=6; phase 2 (t=8): never
-    ticks = _ticks([0.1, 0.5, 0.95, 0.99, 0.2, 0.92, 0.99, 0.1, 0.3], phase_s=4)
+def _rec(config, shares, scenario="noise100", phase_s=0, moved_mb=0.0, pp=0, rate=1000.0,
+         cpu=None, hot_mb=64):
+    pages = int(moved_mb * 256)
+    return {"scenario": scenario, "config": config, "phase_s": phase_s, "hot_mb": hot_mb,
+            "ticks": _ticks(shares, phase_s, rate),
+            "samples": _samples(len(shares), pgmigrate=pages, moved=pages, pp=pp, cpu=cpu),
+            "vmstat": {"pgmigrate_success": pages}}
+
+
+def test_time_to_95_per_phase():
+    # phases of 4 s: phase 0 (ticks 1-4) gets there at t=3; phase 1 (5-8) at t=6, 2 s after
+    # its start; phase 2 (9-) never
+    ticks = _ticks([0.1, 0.5, 0.96, 0.99, 0.2, 0.97, 0.99, 0.99, 0.1, 0.3], phase_s=4)
+    assert [t["phase"] for t in ticks] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
     assert live_table.time_to_hot(ticks, 4) == [3.0, 2.0, None]
     assert live_table.time_to_hot(ticks[:2], 4) == [None]
     assert live_table.time_to_hot([], 4) == []
+    # a late tick: the hot part moved at t=4.6 (the last tick of phase 0), not at 4
+    late = _ticks([0.1, 0.5, 0.96, 0.99, 0.2, 0.97], phase_s=4)
+    late[3]["t"], late[4]["t"], late[5]["t"] = 4.6, 5.6, 6.6
+    late[3]["phase"] = 0
+    assert live_table.time_to_hot(late, 4) == [3.0, 2.0]
+    # 0.94 is not 95%; an unknown share (-1 from the workload) is not reached either
+    assert live_table.time_to_hot(_ticks([0.94, -1.0, 0.95]), 0) == [3.0]
 
 
-def test_summary_and_ratios():
-    none = {"config": "none", "phase_s": 0, "ticks": _ticks([0.2] * 10, rate=1000.0),
-            "samples": _samples(10)}
-    pt = {"config": "pagetier:heuristic", "phase_s": 0,
-          "ticks": _ticks([0.2, 0.6] + [1.0] * 8, rate=900.0),
-          "samples": _samples(10, pgmigrate=256 * 64, moved=256 * 64, pp=3, fast_mb=64.0, cpu=1.5)}
-    skipped = {"config": "damos", "runnable": False, "reason": "no DAMON sysfs interface"}
-    rows = live_table.add_ratios([live_table.summarize(r) for r in (none, pt, skipped)])
+def test_held_is_the_last_third_of_each_phase():
+    # one phase of 9 s: the last third is t >= 6: ticks 6..9
+    ticks = _ticks([1.0] * 5 + [0.8, 0.6, 0.4, 0.2])
+    assert abs(live_table.held_share(ticks, 0) - 0.5) < 1e-9
+    # two phases of 6 s: each phase's last third (t >= 4, t >= 10), then their mean
+    ticks = _ticks([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5], phase_s=6)
+    assert abs(live_table.held_share(ticks, 6) - 0.75) < 1e-9
+    assert live_table.held_share([], 0) is None
+    assert live_table.held_share(_ticks([-1.0, -1.0, -1.0]), 0) is None  # never known: no figure
+
+
+def test_ratios_to_kernel_tiering_per_scenario():
+    recs = [
+        _rec("kernel", [0.5, 0.97, 1.0, 1.0, 1.0, 1.0], moved_mb=80.0, cpu=0.5),
+        _rec("pagetier:heuristic", [0.2, 0.6, 0.96, 0.9, 0.9, 0.9], moved_mb=200.0, pp=512,
+             rate=900.0, cpu=2.0),
+        _rec("none", [0.0] * 6),
+        {"scenario": "noise100", "config": "damos", "runnable": False,
+         "reason": "no DAMON sysfs interface"},
+    ]
+    rows = live_table.add_ratios([live_table.summarize(r) for r in recs])
     by = {r["config"]: r for r in rows}
-    p = by["pagetier:heuristic"]
-    assert abs(p["fast_access"] - 0.88) < 1e-9
-    assert abs(p["fast_access_vs_none"] - 0.88 / 0.2) < 1e-9
-    assert abs(p["accesses_vs_none"] - 0.9) < 1e-9
-    assert p["migrated_mb"] == 64.0 and p["ping_pongs"] == 3 and p["peak_fast_mb"] == 64.0
-    assert p["time_to_hot"] == [3.0] and p["fast_access_end"] == 1.0
-    assert by["none"]["fast_access_vs_none"] == 1.0
-    table = live_table.format_table(rows)
-    lines = table.splitlines()
-    assert lines[0].split()[:3] == ["config", "fast", "acc"]
-    assert any(ln.startswith("pagetier:heuristic") and "88.0%" in ln and "4.40" in ln for ln in lines)
-    assert "  damos: no DAMON sysfs interface" in lines  # not runnable: listed with its reason
-    assert "n/a" in next(ln for ln in lines if ln.startswith("none"))  # no CPU figure for none
+    k, p, n = by["kernel"], by["pagetier:heuristic"], by["none"]
+    assert k["t95"] == 2.0 and k["t95_x"] == 1.0 and k["held_d"] == 0.0 and k["moved_x"] == 1.0
+    assert p["t95"] == 3.0 and p["t95_x"] == 1.5
+    assert abs(p["held"] - 0.9) < 1e-9 and abs(p["held_d"] - (-0.1)) < 1e-9
+    assert p["moved_mb"] == 200.0 and p["moved_x"] == 2.5 and p["moved_per_hot"] == 200.0 / 64
+    assert abs(p["accesses_x"] - 0.9) < 1e-9 and p["ping_pongs"] == 512 and p["reached"] == "1/1"
+    assert n["t95"] is None and n["t95_x"] is None and n["reached"] == "0/1"
+    assert n["held_d"] == -1.0 and n["moved_x"] == 0.0
+
+    table = live_table.format_table(rows).splitlines()
+    assert table[0].split()[:4] == ["scenario", "config", "t95", "s"]
+    prow = next(ln for ln in table if "pagetier:heuristic" in ln).split()
+    # t95 3.0 s, 1.50 x kernel, 1/1 phases; held 90.0%, -10 points; 200 MB moved, 2.50 x kernel,
+    # 3.1 x the hot set; 512 ping-pongs; 2.00 CPU s; 0.90 x kernel's accesses/s
+    assert prow == ["noise100", "pagetier:heuristic", "3.0", "1.50", "1/1", "90.0", "-10",
+                    "200.0", "2.50", "3.1", "512", "2.00", "0.90"]
+    nrow = next(ln for ln in table if ln.startswith("noise100") and " none " in ln).split()
+    assert nrow[2:5] == ["--", "--", "0/1"] and nrow[-2] == "n/a"  # not reached; no CPU figure
+    assert "  noise100 damos: no DAMON sysfs interface" in table  # listed with its reason
 
 
-def test_zero_baseline_has_no_ratio():
-    none = {"config": "none", "ticks": _ticks([0.0] * 5), "samples": _samples(5)}
-    k = {"config": "kernel", "ticks": _ticks([0.5] * 5), "samples": _samples(5)}
-    rows = live_table.add_ratios([live_table.summarize(r) for r in (none, k)])
-    assert rows[1]["fast_access_vs_none"] is None
-    assert " n/a " in live_table.format_table(rows).splitlines()[2]
+def test_ratios_stay_within_a_scenario_and_missing_baseline_gives_none():
+    recs = [_rec("kernel", [1.0] * 3, scenario="a", moved_mb=10.0),
+            _rec("pagetier:heuristic", [1.0] * 3, scenario="a", moved_mb=20.0),
+            _rec("pagetier:heuristic", [1.0] * 3, scenario="b", moved_mb=30.0)]
+    rows = live_table.add_ratios([live_table.summarize(r) for r in recs])
+    assert rows[1]["moved_x"] == 2.0
+    assert rows[2]["moved_x"] is None and rows[2]["t95_x"] is None and rows[2]["held_d"] is None
+    # kernel moved nothing: no ratio (not a division by zero)
+    rows = live_table.add_ratios([live_table.summarize(_rec("kernel", [0.0] * 3)),
+                                  live_table.summarize(_rec("none", [0.0] * 3, moved_mb=1.0))])
+    assert rows[1]["moved_x"] is None
+    lines = live_table.format_table(rows).splitlines()
+    assert lines[2].split()[8] == "--"
 
 
-def test_series_in_five_second_steps():
-    rows = [live_table.summarize({"config": "none", "ticks": _ticks([0.0] * 5 + [1.0] * 5),
-                                  "samples": _samples(10)})]
+def test_moved_counts_the_counter_at_the_end_not_the_last_sample():
+    rec = _rec("pagetier:heuristic", [1.0] * 3, moved_mb=10.0)
+    rec["vmstat"]["pgmigrate_success"] = 40 * 256  # a batch that landed after the last sample
+    assert live_table.summarize(rec)["moved_mb"] == 40.0
+    del rec["vmstat"]
+    assert live_table.summarize(rec)["moved_mb"] == 10.0
+
+
+def test_series_and_summary():
+    recs = [_rec("kernel", [0.0] * 5 + [1.0] * 5), _rec("pagetier:heuristic", [1.0] * 10),
+            _rec("kernel", [1.0] * 10, scenario="phases"),
+            _rec("pagetier:heuristic", [0.5] * 10, scenario="phases", moved_mb=5.0),
+            _rec("none", [0.0] * 10, scenario="phases")]
+    rows = []
+    for sc in ("noise100", "phases"):
+        rows += live_table.add_ratios([live_table.summarize(r) for r in recs
+                                       if r["scenario"] == sc])
     out = live_table.format_series(rows).splitlines()
-    assert out[1].split() == ["none", "0", "100"]
+    assert out[1].split() == ["noise100", "kernel", "0", "100"]
+    assert out[3] == ""  # a blank line between scenarios
+    assert out[4].split() == ["phases", "kernel", "100", "100"]
+    summary = live_table.family_summary(rows)
+    assert summary == ("pagetier:heuristic: against kernel tiering in 2 scenario(s): reached 95% "
+                       "no later in 1, held within 5 points in 1, moved no more in 1")  # none: no line
 
 
-def test_config_names_check_policies():
-    import pytest
+def test_scenarios_and_selection():
+    table = live_bench.scenarios()
+    noise = [s for s in table.values() if s.family == "noise"]
+    assert sorted((s.noise_ppm, s.thp) for s in noise) == [
+        (p, t) for p in (0, 10, 100, 1000) for t in (False, True)]
+    fuller = table["fuller"]
+    assert fuller.free_mb() < fuller.budget_mb < fuller.size_mb  # node fuller than the budget
+    assert 2 * fuller.hot_mb > fuller.free_mb() >= fuller.hot_mb  # a phase change needs exchange
+    ph = table["phases"]
+    assert ph.phase and ph.size_mb == 3 * ph.hot_mb and 2 * ph.hot_mb > ph.budget_mb
+    args = table["noise100-nothp"].workload_args()
+    assert args[args.index("--noise-ppm") + 1] == "100" and "--no-thp" in args
+    assert "--noise-ppm" not in table["noise0"].workload_args()
 
-    from pagetier.errors import ConfigError
+    quick = live_bench.select_scenarios(None, quick=True)
+    assert [s.name for s in quick] == list(live_bench.QUICK_SCENARIOS)
+    assert all(s.seconds <= live_bench.QUICK_NOISE_SECONDS for s in quick if s.family == "noise")
+    assert [s.name for s in live_bench.select_scenarios("phases,noise1000")] == ["phases",
+                                                                                 "noise1000"]
+    assert len(live_bench.select_scenarios("noise")) == 8  # a family
+    assert {s.seconds for s in live_bench.select_scenarios("noise,fuller", seconds=7)} == {7}
+    with pytest.raises(ConfigError, match="unknown scenario 'nope'"):
+        live_bench.select_scenarios("nope")
 
-    assert live_bench.config_names("heuristic,lru") == ["none", "pagetier:heuristic",
-                                                        "pagetier:lru", "kernel", "damos"]
-    assert live_bench.config_names("") == ["none", "kernel", "damos"]
+
+def test_config_names():
+    assert live_bench.config_names("heuristic,lru") == [
+        "kernel", "pagetier:heuristic", "pagetier:lru", "damos", "none"]
+    assert live_bench.config_names("heuristic", "none,kernel") == [
+        "kernel", "pagetier:heuristic", "none"]
+    assert live_bench.config_names("", "damos") == ["damos"]
     with pytest.raises(ConfigError, match="unknown policy 'nope'"):
         live_bench.config_names("nope")
+    with pytest.raises(ConfigError, match="unknown baseline 'numab'"):
+        live_bench.config_names("heuristic", "numab")
+
+
+def _doc():
+    recs = [_rec("kernel", [0.5, 1.0, 1.0], moved_mb=64.0), _rec("pagetier:heuristic",
+                                                                 [0.2, 0.97, 1.0], moved_mb=70.0)]
+    spec = live_bench.scenarios()["noise100"]
+    from dataclasses import asdict
+    return {"kernel": "6.12.0-test", "memory_tiers": {"4": "0", "90": "1"},
+            "scenarios": [{"spec": asdict(spec), "records": recs}], "vm_seconds": 100.0}
+
+
+def test_saved_results_print_as_table_or_json_only(tmp_path):
+    saved = tmp_path / "live.json"
+    saved.write_text(json.dumps(_doc()))
+    runner = CliRunner()
+    res = runner.invoke(live_bench.command, ["--records", str(saved)])
+    assert res.exit_code == 0, res.output
+    assert "noise100         256 MiB, hot 64 MiB, noise 100 ppm, THP; budget 96 MiB" in res.output
+    assert any(ln.startswith("noise100") and "pagetier:heuristic" in ln and "1.09" in ln
+               for ln in res.output.splitlines())  # 70 / 64 MB moved
+    res = runner.invoke(live_bench.command, ["--records", str(saved), "--json"])
+    assert res.exit_code == 0
+    doc = json.loads(res.output)  # only JSON on stdout
+    assert [r["config"] for r in doc["rows"]] == ["kernel", "pagetier:heuristic"]
+    assert doc["rows"][1]["moved_x"] == 70.0 / 64.0 and doc["scenarios"][0]["name"] == "noise100"
