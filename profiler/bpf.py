@@ -99,7 +99,8 @@ class BpfProfiler(Profiler):
                               "that happen anyway)")
         bcc = _import_bcc()
         self.tracepoint = bool(bcc.BPF.tracepoint_exists("exceptions", "page_fault_user"))
-        cflags = [f"-DMAX_PAGES={int(max_pages)}", f"-DPAGE_SIZE_={PAGE_SIZE}"]
+        # -w: the kernel headers' own warnings under bcc's clang are noise to a user
+        cflags = ["-w", f"-DMAX_PAGES={int(max_pages)}", f"-DPAGE_SIZE_={PAGE_SIZE}"]
         if self.tracepoint:
             cflags.append("-DUSE_TRACEPOINT")
         try:

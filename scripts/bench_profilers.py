@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Accuracy and cost of the profiler backends on the built-in workload (run as root, in the VM).
 
-Each cell of a grid records one run of hotcold (256 MiB, a known 32 MiB hot range, ``--noise-ppm``
-of its accesses sent anywhere) with one backend into a trace, at 1 s intervals. The grid:
+Each cell of a grid records hotcold (256 MiB, a known 32 MiB hot range, ``--noise-ppm`` of its
+accesses sent anywhere) with one backend into a trace, at 1 s intervals; one hotcold process per
+(noise, THP) is recorded by each backend in turn, and its memory checked at the end. The grid:
 
 - backends: kmod fault, kmod abit, damon (6.12: DAMON's sysfs), bpf with kmod's marks (where
   bcc runs);
@@ -15,9 +16,12 @@ precision is the share of the taken pages that are hot, recall the share of the 
 Each cell prints the median and the minimum over intervals, once ranked by ``freq``
 (``Sample.rates``: the backend's estimate of accesses per second, or its count over the interval
 when it gave none: the ``est`` column says which) and once by ``count``, and the ratio of the
-two medians (freq / count: above 1, the frequency estimate ranks better). ``hot/cold`` is the
-mean freq of the hot units seen over that of the cold units seen; ``whole`` is the old
-whole-run measure (every unit counted in the last 3 intervals, as one set).
+two medians (freq / count: above 1, the frequency estimate ranks better; a backend whose freq is
+a monotone function of its count, such as DAMON's, ranks the same either way). ``hot/cold`` is
+the mean freq per page of the hot range over that of the rest of the buffer (a unit's freq on
+each of its pages, pages not reported as 0); ``whole`` is the old whole-run measure (every unit
+counted in the last 3 intervals, as one set); ``2M/units``: units of 2 MiB and all units in
+the last interval.
 
 ``CPU`` is the profiler's own scan time per second of recording per GiB of the workload's
 buffer, in percent of one CPU: pagetier.ko's ``scan_ns`` (STATS; for bpf, the time of the kmod
@@ -129,33 +133,40 @@ def top_units(value: np.ndarray, npages: np.ndarray, budget: int,
     return cand[:n]
 
 
-def interval_scores(trace, ready: dict, metric: str, skip: int = 1, seed: int = 0) -> list[dict]:
+def interval_scores(trace, ready: dict, metric: str, n_intervals: int | None = None,
+                    skip: int = 1, seed: int = 0) -> list[dict]:
     """Per interval (after the first ``skip``): precision and recall of the top units by
     ``metric`` (``freq``: Sample.rates; ``count``) against the workload's hot range, and the
-    mean freq of the hot and of the cold units of the buffer seen in it."""
+    mean freq per page of the hot range and of the rest of the buffer (a unit's freq on each of
+    its pages; pages not reported count as 0). An interval without rows scores 0."""
     rng = np.random.default_rng(seed)
     hot_lo, hot_hi = ready["hot_addr"], ready["hot_addr"] + ready["hot_size"]
     buf_lo, buf_hi = ready["addr"], ready["addr"] + ready["size"]
     hot_pages = ready["hot_size"] // 4096
+    cold_pages = ready["size"] // 4096 - hot_pages
     interval_s = trace.interval_s or 1.0
+    frames = {i: g for i, _, g in trace.intervals()}
+    n = n_intervals if n_intervals is not None else max(frames, default=-1) + 1
     out = []
-    for i, (_, _, group) in enumerate(trace.intervals()):
-        if i < skip:
+    for i in range(skip, n):
+        group = frames.get(i, {})
+        s = next(iter(group.values()), None)
+        if s is None or not len(s):
+            out.append({"precision": 0.0, "recall": 0.0, "hot_freq": 0.0, "cold_freq": 0.0,
+                        "estimated": False, "units": 0, "huge_units": 0})
             continue
-        for s in group.values():
-            value = (s.rates(interval_s) if metric == "freq" else s.count).astype(np.float64)
-            take = top_units(value, s.npages, hot_pages, rng)
-            tp = int(overlap_pages(s.addr[take], s.npages[take], hot_lo, hot_hi).sum())
-            pred = int(s.npages[take].astype(np.int64).sum())
-            hot = overlap_pages(s.addr, s.npages, hot_lo, hot_hi) > 0
-            cold = ~hot & (overlap_pages(s.addr, s.npages, buf_lo, buf_hi) > 0)
-            seen = value > 0
-            f = s.rates(interval_s).astype(np.float64)
-            out.append({"precision": tp / pred if pred else 0.0, "recall": tp / hot_pages,
-                        "hot_freq": float(f[hot & seen].mean()) if (hot & seen).any() else 0.0,
-                        "cold_freq": float(f[cold & seen].mean()) if (cold & seen).any() else 0.0,
-                        "estimated": len(s.freq) == len(s),
-                        "units": int(len(s)), "huge_units": int((s.npages > 1).sum())})
+        value = (s.rates(interval_s) if metric == "freq" else s.count).astype(np.float64)
+        take = top_units(value, s.npages, hot_pages, rng)
+        tp = int(overlap_pages(s.addr[take], s.npages[take], hot_lo, hot_hi).sum())
+        pred = int(s.npages[take].astype(np.int64).sum())
+        f = s.rates(interval_s).astype(np.float64)
+        in_hot = overlap_pages(s.addr, s.npages, hot_lo, hot_hi)
+        in_cold = overlap_pages(s.addr, s.npages, buf_lo, buf_hi) - in_hot
+        out.append({"precision": tp / pred if pred else 0.0, "recall": tp / hot_pages,
+                    "hot_freq": float((f * in_hot).sum() / hot_pages),
+                    "cold_freq": float((f * in_cold).sum() / max(cold_pages, 1)),
+                    "estimated": len(s.freq) == len(s),
+                    "units": int(len(s)), "huge_units": int((s.npages > 1).sum())})
     return out
 
 
@@ -185,8 +196,13 @@ def scan_ns(stats: dict) -> int | None:
 
 # --- one run ----------------------------------------------------------------------------------
 def measure(name: str, backend: str, options: dict, seconds: float = 6.0, last: int = 3,
-            workload: list[str] | None = None, outdir: str | None = None) -> dict:
-    """Record the workload with one backend; whole-run and per-interval precision and recall."""
+            workload: list[str] | None = None, outdir: str | None = None, running=None,
+            prof=None) -> dict:
+    """Record the workload with one backend; whole-run and per-interval precision and recall.
+
+    ``running``: a Workload already running to record (it is left running, and
+    ``workload_exit`` is None); ``prof``: a profiler to use and leave open (bpf compiles its
+    program once per instance)."""
     from helpers import precision_recall
 
     from pagetier.profiler.base import create
@@ -206,20 +222,29 @@ def measure(name: str, backend: str, options: dict, seconds: float = 6.0, last: 
             raise RuntimeError("pinning needs two CPUs")
         prefix = ["taskset", "-c", "1"]
         os.sched_setaffinity(0, {0})
-    prof = create(backend, **options)
+    own = prof is None
+    prof = prof or create(backend, **options)
     try:
-        with Workload(*(workload or [*WORKLOAD, "--no-thp"]), cmd_prefix=prefix) as w:
+        if running is not None:
+            if pin:
+                raise RuntimeError("a pinned config starts its own workload")
+            w, rc = running, None
             summary = record_trace(prof, [w.pid], path, interval_s=1.0, duration=seconds,
                                    nodes=False)
-            rc = w.stop()
+        else:
+            with Workload(*(workload or [*WORKLOAD, "--no-thp"]), cmd_prefix=prefix) as w:
+                summary = record_trace(prof, [w.pid], path, interval_s=1.0, duration=seconds,
+                                       nodes=False)
+                rc = w.stop()
     finally:
-        prof.close()
+        if own:
+            prof.close()
         if pin:
             os.sched_setaffinity(0, set(range(os.cpu_count())))
     trace = read_trace(path)
     p, r, n = precision_recall(merged(trace, last), w.ready)
-    by_freq = interval_scores(trace, w.ready, "freq")
-    by_count = interval_scores(trace, w.ready, "count")
+    by_freq = interval_scores(trace, w.ready, "freq", summary["intervals"])
+    by_count = interval_scores(trace, w.ready, "count", summary["intervals"])
     cpu = scan_ns(summary["stats"])
     gib = w.ready["size"] / 2**30
     hot = [x["hot_freq"] for x in by_freq]
@@ -240,16 +265,40 @@ def measure(name: str, backend: str, options: dict, seconds: float = 6.0, last: 
                                      for _, _, g in trace.intervals()]}
 
 
-def cell(config: str, noise: int, thp: bool, seconds: float, outdir: str | None = None,
-         cold_rate: int = 0) -> dict:
-    backend, options = CONFIGS[config]
-    wl = [*WORKLOAD, "--noise-ppm", str(noise)] + ([] if thp else ["--no-thp"])
-    if cold_rate:
-        wl += ["--cold-rate", str(cold_rate)]
-    name = f"{config}-n{noise}-{'thp' if thp else 'nothp'}"
-    res = measure(name, backend, options, seconds=seconds, workload=wl, outdir=outdir)
-    res.update({"config": config, "noise_ppm": noise, "thp": thp})
-    return res
+def workload_args(noise: int, thp: bool, cold_rate: int = 0) -> list[str]:
+    return ([*WORKLOAD, "--noise-ppm", str(noise)] + ([] if thp else ["--no-thp"])
+            + (["--cold-rate", str(cold_rate)] if cold_rate else []))
+
+
+def cells(configs: list[str], noise: int, thp: bool, seconds: float, profs: dict,
+          outdir: str | None = None, cold_rate: int = 0, show=None) -> list[dict]:
+    """One workload (noise, THP), recorded by each config in turn; its memory is checked once
+    at the end (``workload_exit``, the same for every cell of the group)."""
+    from pagetier.errors import PagetierError
+    from pagetier.workload import Workload
+
+    out = []
+    with Workload(*workload_args(noise, thp, cold_rate)) as w:
+        for config in configs:
+            backend, options = CONFIGS[config]
+            tag = {"config": config, "noise_ppm": noise, "thp": thp}
+            why = available(backend)
+            if why:
+                out.append({**tag, "error": why})
+            else:
+                name = f"{config}-n{noise}-{'thp' if thp else 'nothp'}"
+                try:
+                    res = measure(name, backend, options, seconds=seconds, outdir=outdir,
+                                  running=w, prof=profs.get(config))
+                    out.append({**res, **tag})
+                except (PagetierError, RuntimeError) as e:
+                    out.append({**tag, "error": str(e)})
+            if show:
+                show(out[-1])
+        rc = w.stop()
+    for r in out:
+        r["workload_exit"] = rc
+    return out
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -309,6 +358,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from pagetier.errors import PagetierError
     from pagetier.profiler import kmod
+    from pagetier.profiler.base import create
 
     if os.environ.get("PAGETIER_IN_GUEST"):
         ensure_tracefs()
@@ -320,23 +370,29 @@ def main(argv=None) -> int:
     print(f"# kernel {platform.release()}: hotcold {SIZE_MB} MiB, hot {HOT_MB} MiB, "
           f"{args.seconds:g} s per cell at 1 s intervals, first interval not scored", flush=True)
     results, t0 = [], time.monotonic()
-    for config in configs:
-        why = available(CONFIGS[config][0])
+    profs = {}
+    try:
+        for config in configs:  # bpf: compile the program once for the whole grid
+            backend, options = CONFIGS[config]
+            if backend == "bpf" and available(backend) is None:
+                try:
+                    profs[config] = create(backend, **options)
+                except PagetierError as e:
+                    print(f"# {config}: {e}", flush=True)
         for t in thp:
             for n in noise:
-                if why:
-                    results.append({"config": config, "thp": t, "noise_ppm": n, "error": why})
-                    continue
-                try:
-                    r = cell(config, n, t, args.seconds, cold_rate=args.cold_rate)
-                except (PagetierError, RuntimeError) as e:
-                    r = {"config": config, "thp": t, "noise_ppm": n, "error": str(e)}
-                results.append(r)
-                print(grid_table([r]).splitlines()[-1], flush=True)
-    kmod.unload_module()
+                results += cells(configs, n, t, args.seconds, profs, cold_rate=args.cold_rate,
+                                 show=lambda r: print(grid_table([r]).splitlines()[-1],
+                                                      flush=True))
+    finally:
+        for p in profs.values():
+            p.close()
+        kmod.unload_module()
     print()
     print(grid_table(results))
-    print(f"# {len(results)} cells in {time.monotonic() - t0:.0f} s")
+    bad = sorted({r["workload_exit"] for r in results if r.get("workload_exit")})
+    print(f"# {len(results)} cells in {time.monotonic() - t0:.0f} s; workload memory check: "
+          + (f"FAILED (exit {bad})" if bad else "intact"))
     if args.json:
         for r in results:
             r.pop("per_interval", None)
