@@ -31,6 +31,11 @@ thread's user + system time from /proc/PID/stat.
     pagetier vm run -k 6.12 -- python scripts/bench_profilers.py            # the full grid
     pagetier vm run -k 6.12 -- python scripts/bench_profilers.py --quick    # noise 0 and 100, THP on
     pagetier vm run -k 6.1 -- python scripts/bench_profilers.py --only kmod-fault --noise 100
+
+The cost before a change: save a run's cells with ``--save FILE`` (e.g. on main, before a
+module change), then give it as ``--baseline FILE`` to a later run: each cell then also shows
+its CPU as a ratio to the same cell of the baseline (``CPU x``), and its per-interval median
+precision by freq against the baseline's (``P x``).
 """
 from __future__ import annotations
 
@@ -318,10 +323,16 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def grid_table(results: list[dict]) -> str:
+def _key(r: dict) -> tuple:
+    return (r.get("config"), bool(r.get("thp")), int(r.get("noise_ppm", -1)))
+
+
+def grid_table(results: list[dict], baseline: list[dict] | None = None) -> str:
+    base = {_key(b): b for b in baseline or [] if "error" not in b}
     head = (f"{'config':<15} {'thp':>3} {'noise':>5} {'est':>3} | {'by freq: P med/min':>18} "
             f"{'R med/min':>9} | {'by count: P med/min':>19} {'R med/min':>9} | {'P f/c':>5} "
-            f"| {'hot/cold':>8} {'whole P/R':>9} {'CPU%/GiB':>8} 2M/units")
+            f"| {'hot/cold':>8} {'whole P/R':>9} {'CPU%/GiB':>8} 2M/units"
+            + (f" | {'CPU x':>5} {'P x':>5}" if base else ""))
     lines = [head, "-" * len(head)]
     for r in results:
         tag = f"{r['config']:<15} {'on' if r['thp'] else 'off':>3} {r['noise_ppm']:>5}"
@@ -340,7 +351,14 @@ def grid_table(results: list[dict]) -> str:
             f"{f['p_med']:>9.2f}/{f['p_min']:<4.2f}    {f['r_med']:4.2f}/{f['r_min']:<4.2f} | "
             f"{c['p_med']:>10.2f}/{c['p_min']:<4.2f}    {c['r_med']:4.2f}/{c['r_min']:<4.2f} | "
             f"{_f(ratio, '5.2f'):>5} | {_f(hc, '8.1f'):>8} {r['precision']:4.2f}/{r['recall']:<4.2f} "
-            f"{_f(r['cpu_pct_per_gib'], '8.2f'):>8} {units['huge_units']}/{units['units']}")
+            f"{_f(r['cpu_pct_per_gib'], '8.2f'):>8} {units['huge_units']:>3}/{units['units']:<4}")
+        b = base.get(_key(r))
+        if base:
+            cpu_x = (r["cpu_pct_per_gib"] / b["cpu_pct_per_gib"]
+                     if b and r["cpu_pct_per_gib"] and b.get("cpu_pct_per_gib") else None)
+            p_x = (f["p_med"] / b["by_freq"]["p_med"]
+                   if b and b.get("by_freq", {}).get("p_med") else None)
+            lines[-1] += f" | {_f(cpu_x, '5.2f'):>5} {_f(p_x, '5.2f'):>5}"
     return "\n".join(lines)
 
 
@@ -354,8 +372,12 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", help="noise levels, comma-separated (default 0,10,100,1000)")
     ap.add_argument("--thp", choices=["on", "off", "both"], help="default both (--quick: on)")
     ap.add_argument("--cold-rate", type=int, default=0, help="hotcold --cold-rate HZ")
+    ap.add_argument("--save", metavar="FILE", help="write the cells as JSON, for --baseline")
+    ap.add_argument("--baseline", metavar="FILE",
+                    help="cells saved by an earlier run (--save): print CPU and precision ratios")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    baseline = json.loads(Path(args.baseline).read_text()) if args.baseline else None
     from pagetier.errors import PagetierError
     from pagetier.profiler import kmod
     from pagetier.profiler.base import create
@@ -382,20 +404,22 @@ def main(argv=None) -> int:
         for t in thp:
             for n in noise:
                 results += cells(configs, n, t, args.seconds, profs, cold_rate=args.cold_rate,
-                                 show=lambda r: print(grid_table([r]).splitlines()[-1],
+                                 show=lambda r: print(grid_table([r], baseline).splitlines()[-1],
                                                       flush=True))
     finally:
         for p in profs.values():
             p.close()
         kmod.unload_module()
     print()
-    print(grid_table(results))
+    print(grid_table(results, baseline))
     bad = sorted({r["workload_exit"] for r in results if r.get("workload_exit")})
     print(f"# {len(results)} cells in {time.monotonic() - t0:.0f} s; workload memory check: "
           + (f"FAILED (exit {bad})" if bad else "intact"))
+    for r in results:
+        r.pop("per_interval", None)
+    if args.save:
+        Path(args.save).write_text(json.dumps(results))
     if args.json:
-        for r in results:
-            r.pop("per_interval", None)
         print(json.dumps(results))
     return 0
 
