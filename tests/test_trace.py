@@ -415,3 +415,38 @@ def test_thp_blocks_without_pfns_finds_none():
         pytest.skip("as root the PFNs are visible")
     buf = np.zeros(1 << 20, np.uint8)
     assert len(thp_blocks(os.getpid(), np.array([buf.ctypes.data], np.uint64))) == 0
+
+
+def test_bench_scores_per_interval(tmp_path):
+    """scripts/bench_profilers.py ranks each interval's units by freq or by count: a hot set
+    estimated at 10^5/s among cold units counted as often is found by freq, not by count."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_profilers", Path(__file__).parent.parent / "scripts" / "bench_profilers.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    H = 2 << 20
+    ready = {"addr": BASE, "size": 64 * H, "hot_addr": BASE + 8 * H, "hot_size": 8 * H}
+    addr = BASE + np.arange(64, dtype=np.uint64) * np.uint64(H)
+    hot = (addr >= ready["hot_addr"]) & (addr < ready["hot_addr"] + ready["hot_size"])
+    frames = []
+    for i in range(4):
+        if i == 2:
+            continue  # an interval without rows scores 0
+        frames.append((i, i + 1.0, Sample(pid=1, addr=addr, count=np.full(64, 5, np.uint32),
+                                          node=np.zeros(64, np.int16),
+                                          npages=np.full(64, 512, np.uint16),
+                                          freq=np.where(hot, 1e5, 3.0).astype(np.float32))))
+    p = tmp_path / "b.parquet"
+    write_trace(p, frames, {"backend": "stub", "interval_s": 1.0, "pids": [1]})
+    tr = read_trace(p)
+    by_freq = bench.interval_scores(tr, ready, "freq", n_intervals=4)
+    by_count = bench.interval_scores(tr, ready, "count", n_intervals=4)
+    assert [x["precision"] for x in by_freq] == [1.0, 0.0, 1.0]
+    assert [x["recall"] for x in by_freq] == [1.0, 0.0, 1.0]
+    assert all(x["precision"] < 0.6 for x in by_count)  # ties in random order
+    assert by_freq[0]["hot_freq"] == 1e5 and by_freq[0]["cold_freq"] == 3.0
+    s = bench.summarize_scores(by_freq)
+    assert (s["p_med"], s["p_min"], s["r_med"]) == (1.0, 0.0, 1.0)
