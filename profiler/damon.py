@@ -18,7 +18,9 @@ page's Accessed bit in its PMD, so every address in it samples the same bit).
 Frequency (``Sample.freq``, accesses per second, the scale every backend maps to): DAMON checks,
 once per sampling interval ``dt = sample_us``, whether one page of the region was accessed since
 the previous check, and ``nr_accesses`` counts the checks that found it accessed among the
-``n = aggr_us / sample_us`` of an aggregation. With accesses arriving as a Poisson process of
+``n = aggr_us / sample_us`` of an aggregation (6.12's tried_regions show the region's moving sum,
+``nr_accesses_bp / 10000``, taken when the scheme is applied at the end of an aggregation: the
+same count of checks). With accesses arriving as a Poisson process of
 rate ``lambda``, a check finds the page accessed with probability ``p = 1 - exp(-lambda * dt)``,
 so ``p = nr_accesses / n`` estimates it and
 
