@@ -7,6 +7,7 @@ what a backend needs.
 from __future__ import annotations
 
 import importlib
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -16,6 +17,10 @@ from pagetier.errors import ConfigError, PagetierError
 
 PAGE_SIZE = 4096
 HUGE_PAGES = 512  # 4 KiB pages in a 2 MiB mapping
+HUGE_SIZE = HUGE_PAGES * PAGE_SIZE
+# /proc/kpageflags bits (include/uapi/linux/kernel-page-flags.h)
+KPF_COMPOUND_HEAD, KPF_COMPOUND_TAIL, KPF_THP = 15, 16, 22
+_PM_PRESENT, _PM_PFN_MASK = 1 << 63, (1 << 55) - 1
 
 PROFILERS: dict[str, type["Profiler"]] = {}
 # Backends live in modules named after them; importing one registers it.
@@ -114,3 +119,104 @@ class Profiler(ABC):
 
     def __exit__(self, *exc):
         self.close()
+
+
+# --- the same units from every backend -------------------------------------------------------
+def _pagemap_pfns(fd: int, vaddrs: np.ndarray) -> np.ndarray:
+    """PFN of each virtual page (0: not present, or not allowed to see PFNs)."""
+    out = np.zeros(len(vaddrs), np.uint64)
+    for i, va in enumerate(vaddrs.tolist()):
+        raw = os.pread(fd, 8, (va // PAGE_SIZE) * 8)
+        if len(raw) == 8:
+            e = int.from_bytes(raw, "little")
+            if e & _PM_PRESENT:
+                out[i] = e & _PM_PFN_MASK
+    return out
+
+
+def thp_blocks(pid: int, addrs: np.ndarray) -> np.ndarray:
+    """The 2 MiB-aligned blocks, among those holding ``addrs``, that one transparent huge page
+    backs whole: their starts, sorted (uint64).
+
+    A block counts when /proc/PID/pagemap maps its first 4 KiB page to the head of a THP
+    (/proc/kpageflags: THP and COMPOUND_HEAD) and its last page to the PFN 511 further on, a tail
+    of a THP: one 2 MiB folio mapped in order, which is what the kernel maps with one PMD (the
+    unit pagetier.ko reports with REC_HUGE). PFNs need CAP_SYS_ADMIN; without it, or without
+    /proc/kpageflags, no block is found and every address stays its own 4 KiB unit.
+    """
+    addrs = np.asarray(addrs, np.uint64)
+    if not len(addrs):
+        return np.zeros(0, np.uint64)
+    bases = np.unique(addrs & ~np.uint64(HUGE_SIZE - 1))
+    try:
+        pm = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
+    except OSError:
+        return np.zeros(0, np.uint64)
+    try:
+        kf = os.open("/proc/kpageflags", os.O_RDONLY)
+    except OSError:
+        os.close(pm)
+        return np.zeros(0, np.uint64)
+    try:
+        head = _pagemap_pfns(pm, bases)
+        tail = _pagemap_pfns(pm, bases + np.uint64(HUGE_SIZE - PAGE_SIZE))
+        ok = (head > 0) & (tail == head + np.uint64(HUGE_PAGES - 1))
+        keep = []
+        for b, h, t in zip(bases[ok].tolist(), head[ok].tolist(), tail[ok].tolist()):
+            fh = int.from_bytes(os.pread(kf, 8, h * 8) or b"\0" * 8, "little")
+            ft = int.from_bytes(os.pread(kf, 8, t * 8) or b"\0" * 8, "little")
+            if (fh >> KPF_THP & 1 and fh >> KPF_COMPOUND_HEAD & 1
+                    and ft >> KPF_THP & 1 and ft >> KPF_COMPOUND_TAIL & 1):
+                keep.append(b)
+    except OSError:  # the process exited while we read
+        keep = []
+    finally:
+        os.close(pm)
+        os.close(kf)
+    return np.array(keep, np.uint64)
+
+
+def huge_units(sample: Sample, blocks: np.ndarray, how: str = "sum") -> Sample:
+    """``sample`` with its 4 KiB rows inside ``blocks`` (2 MiB starts, as from
+    :func:`thp_blocks`) folded into one 2 MiB unit each (npages 512).
+
+    ``how`` combines the rows of one block: ``"sum"`` adds counts and freq (events counted per
+    4 KiB address, such as page faults, that all belong to the one huge mapping), ``"mean"``
+    averages them weighted by pages (per-page estimates of the one mapping's rate, such as
+    DAMON's). A unit's node is its first row's.
+    """
+    if not len(blocks) or not len(sample):
+        return sample
+    blocks = np.asarray(blocks, np.uint64)
+    base = sample.addr & ~np.uint64(HUGE_SIZE - 1)
+    j = np.searchsorted(blocks, base)
+    inside = (j < len(blocks)) & (blocks[np.minimum(j, len(blocks) - 1)] == base)
+    inside &= sample.npages == 1
+    if not inside.any():
+        return sample
+    has_freq = len(sample.freq) == len(sample)
+    ub, first, inv = np.unique(base[inside], return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    n = len(ub)
+    cnt = np.zeros(n, np.float64)
+    np.add.at(cnt, inv, sample.count[inside].astype(np.float64))
+    frq = np.zeros(n, np.float64)
+    if has_freq:
+        np.add.at(frq, inv, sample.freq[inside].astype(np.float64))
+    if how == "mean":
+        rows = np.bincount(inv, minlength=n).astype(np.float64)
+        cnt /= rows
+        frq /= rows
+    elif how != "sum":
+        raise ValueError(f"huge_units: how={how!r}")
+    out = ~inside
+    addr = np.concatenate([sample.addr[out], ub])
+    order = np.argsort(addr, kind="stable")
+    cat = lambda a, b: np.concatenate([a[out], b])[order]  # noqa: E731
+    return Sample(
+        pid=sample.pid, addr=addr[order],
+        count=cat(sample.count, np.minimum(np.round(cnt), 2**32 - 1).astype(np.uint32)),
+        node=cat(sample.node, sample.node[inside][first]),
+        npages=cat(sample.npages, np.full(n, HUGE_PAGES, np.uint16)),
+        complete=sample.complete,
+        freq=cat(sample.freq, frq.astype(np.float32)) if has_freq else np.zeros(0, np.float32))

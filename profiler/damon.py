@@ -9,6 +9,30 @@ unit per 4 KiB page inside the target's mappings, every page carrying its region
 the rest of pagetier sees the same Sample shape as from the kmod backend. Nodes are not known
 (-1); ``pagetier record`` fills them in with move_pages.
 
+Units: with ``huge=True`` (default), the pages of every 2 MiB block that one transparent huge page
+backs whole (``base.thp_blocks``: /proc/PID/pagemap and /proc/kpageflags, root only) are folded
+into one 2 MiB unit (npages 512), as pagetier.ko reports a PMD-mapped huge page; its count and
+freq are the page-weighted mean of its pages' (normally one region's value: DAMON checks a huge
+page's Accessed bit in its PMD, so every address in it samples the same bit).
+
+Frequency (``Sample.freq``, accesses per second, the scale every backend maps to): DAMON checks,
+once per sampling interval ``dt = sample_us``, whether one page of the region was accessed since
+the previous check, and ``nr_accesses`` counts the checks that found it accessed among the
+``n = aggr_us / sample_us`` of an aggregation (6.12's tried_regions show the region's moving sum,
+``nr_accesses_bp / 10000``, taken when the scheme is applied at the end of an aggregation: the
+same count of checks). With accesses arriving as a Poisson process of
+rate ``lambda``, a check finds the page accessed with probability ``p = 1 - exp(-lambda * dt)``,
+so ``p = nr_accesses / n`` estimates it and
+
+    lambda = -ln(1 - p) / dt.
+
+``p = 1`` (every check found an access) has no finite estimate; it is taken as ``p = 1 - 1/(2n)``
+(half a miss), so the estimate saturates at ``ln(2n) / dt``: about 740/s with the defaults
+(dt 5 ms, n 20), and the smallest non-zero estimate is ``-ln(1 - 1/n) / dt``, about 10/s. Rates
+outside that range cannot be told apart: DAMON's resolution is about 70x here, and a unit
+touched once a second is seen (as 10/s) in roughly one aggregation in ten. The rate is the one
+of the page-table entry DAMON checks: a 4 KiB page, or a whole huge page through its PMD.
+
 Ownership: the DAMON sysfs interface can only change the number of kdamonds by rebuilding all of
 their directories (mm/damon/sysfs.c ``nr_kdamonds_store``: -EBUSY while any runs, and every
 existing directory is removed and created empty). This backend therefore adds its kdamond only when
@@ -29,7 +53,8 @@ from pathlib import Path
 import numpy as np
 
 from pagetier.errors import ConfigError, PagetierError, Unavailable
-from pagetier.profiler.base import PAGE_SIZE, Profiler, Sample, register
+from pagetier.profiler.base import (PAGE_SIZE, Profiler, Sample, huge_units, register,
+                                    thp_blocks)
 
 DAMON_ROOT = Path("/sys/kernel/mm/damon/admin")
 ULONG_MAX = 2**64 - 1
@@ -113,6 +138,14 @@ def vmas(pid: int, maps_text: str | None = None) -> np.ndarray:
     return np.array(out, np.uint64).reshape(-1, 2)
 
 
+def poisson_rate(nr_accesses: np.ndarray, sample_us: int, aggr_us: int) -> np.ndarray:
+    """Accesses per second from DAMON's nr_accesses (see the module docstring), float32."""
+    n = max(1, aggr_us // sample_us)
+    dt = sample_us / 1e6
+    p = np.clip(np.asarray(nr_accesses, np.float64) / n, 0.0, 1.0 - 1.0 / (2 * n))
+    return (-np.log1p(-p) / dt).astype(np.float32)
+
+
 def expand_regions(regions: np.ndarray, spans: np.ndarray, accessed_only: bool,
                    max_pages: int) -> tuple[np.ndarray, np.ndarray]:
     """Pages (addr, count) of regions (start, end, nr_accesses) that lie inside ``spans``."""
@@ -145,12 +178,13 @@ class DamonProfiler(Profiler):
 
     def __init__(self, sample_us: int = 5000, aggr_ms: int = 100, update_ms: int = 1000,
                  min_regions: int = 10, max_regions: int = 1000, max_pages: int = 1 << 24,
-                 cpus: str | int = "", io: SysfsIO | None = None):
+                 cpus: str | int = "", huge: bool | int | str = True, io: SysfsIO | None = None):
         self.io = io or SysfsIO()
         self.sample_us, self.aggr_us = int(sample_us), int(aggr_ms) * 1000
         self.update_us = int(update_ms) * 1000
         self.min_regions, self.max_regions = int(min_regions), int(max_regions)
         self.max_pages = int(max_pages)
+        self.huge = str(huge).lower() not in ("0", "false", "no", "")
         if not (0 < self.sample_us <= self.aggr_us):
             raise ConfigError("damon: need 0 < sample_us <= aggr_ms * 1000")
         if not (3 <= self.min_regions <= self.max_regions):
@@ -288,11 +322,33 @@ class DamonProfiler(Profiler):
         regs = self.regions()[self.pids.index(pid)]
         addr, count = expand_regions(regs, vmas(pid), accessed_only, self.max_pages)
         n = len(addr)
-        return Sample(pid=pid, addr=addr, count=count, node=np.full(n, -1, np.int16),
-                      npages=np.ones(n, np.uint16), complete=not accessed_only)
+        s = Sample(pid=pid, addr=addr, count=count, node=np.full(n, -1, np.int16),
+                   npages=np.ones(n, np.uint16), complete=not accessed_only,
+                   freq=poisson_rate(count, self.sample_us, self.aggr_us))
+        if self.huge and n:
+            s = huge_units(s, thp_blocks(pid, addr), how="mean")
+        return s
+
+    def kdamond_cpu_ns(self) -> int | None:
+        """CPU time our kdamond thread has used (user + system), from /proc; None if unknown."""
+        if self.index is None or not self.running:
+            return None
+        try:
+            kpid = int(self.io.read(self._kd("pid")))
+            with open(f"/proc/{kpid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            return None
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime
+        return int(ticks * 1e9 / os.sysconf("SC_CLK_TCK"))
 
     def stats(self, pid: int) -> dict:
-        return {"kdamond": self.index, "aggr_us": self.aggr_us, "sample_us": self.sample_us}
+        st = {"kdamond": self.index, "aggr_us": self.aggr_us, "sample_us": self.sample_us,
+              "max_rate": float(poisson_rate([UINT_MAX], self.sample_us, self.aggr_us)[0])}
+        cpu = self.kdamond_cpu_ns()
+        if cpu is not None:
+            st["cpu_ns"] = cpu
+        return st
 
     def close(self) -> None:
         if self.index is None:

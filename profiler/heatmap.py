@@ -2,8 +2,14 @@
 
 The address axis keeps only the address ranges that were accessed: runs of accessed pages closer
 than ``gap`` bytes form one segment, and the unused space between segments is left out (segment
-boundaries are marked). Each cell is the mean count per 4 KiB page of its address rows in its time
-columns, on a log colour scale; cells nobody accessed stay blank.
+boundaries are marked). Each cell is the mean, over the 4 KiB pages of its address rows and the
+intervals of its time columns, of one metric of the unit holding the page, on a log colour scale;
+cells nobody accessed stay blank. Metrics (``--metric``):
+
+- ``freq``: the unit's estimated accesses per second (the trace's ``freq`` column), the default
+  when the trace carries a backend's estimate;
+- ``count``: the unit's count in the interval, the default for traces without estimates (there
+  ``freq`` is only the count over the interval).
 """
 from __future__ import annotations
 
@@ -31,9 +37,10 @@ class Heat:
     seg_rows: list[int] = field(default_factory=list)  # first row of each segment
     pid: int = 0
     pages: int = 0  # pages on the collapsed axis
+    metric: str = "count"
 
     def to_json(self) -> dict:
-        return {"pid": self.pid, "pages": self.pages,
+        return {"pid": self.pid, "pages": self.pages, "metric": self.metric,
                 "t_edges": [round(float(x), 6) for x in self.t_edges],
                 "row_addr": [hex(int(a)) for a in self.row_addr],
                 "segments": [[hex(lo), hex(hi)] for lo, hi in self.segments],
@@ -52,9 +59,22 @@ def _pages_of(addr: np.ndarray, npages: np.ndarray, count: np.ndarray):
     return addr[idx] + (k * PAGE_SIZE).astype(np.uint64), count[idx], idx
 
 
+METRICS = ("freq", "count")
+UNIT_LABEL = {"count": "count/page", "freq": "acc/s/unit"}
+
+
+def default_metric(trace) -> str:
+    """``freq`` when the trace carries a backend's estimate, else ``count``."""
+    return "freq" if trace.has_freq else "count"
+
+
 def heat(trace, pid: int | None = None, rows: int = 256, cols: int | None = None,
-         gap: int = DEFAULT_GAP) -> Heat:
-    """The heat matrix of one pid's rows of ``trace`` (default: its first pid)."""
+         gap: int = DEFAULT_GAP, metric: str | None = None) -> Heat:
+    """The heat matrix of one pid's rows of ``trace`` (default: its first pid) for ``metric``
+    (``freq`` or ``count``; default: :func:`default_metric`)."""
+    metric = metric or default_metric(trace)
+    if metric not in METRICS:
+        raise ConfigError(f"heatmap: unknown metric {metric!r} (use {' or '.join(METRICS)})")
     pids = np.unique(trace.column("pid"))
     if len(pids) == 0:
         raise ConfigError(f"{trace.path}: the trace has no samples to draw")
@@ -65,11 +85,12 @@ def heat(trace, pid: int | None = None, rows: int = 256, cols: int | None = None
     elif pid not in pids:
         raise ConfigError(f"{trace.path}: no samples of pid {pid} (pids: "
                           f"{', '.join(map(str, pids))})")
-    sel = (trace.column("pid") == pid) & (trace.column("count") > 0)
+    value = trace.column(metric).astype(np.float64)
+    sel = (trace.column("pid") == pid) & (value > 0)
     iv = trace.column("interval")[sel]
     t = trace.column("t")[sel]
     page, cnt, unit = _pages_of(trace.column("addr")[sel], trace.column("npages")[sel],
-                                trace.column("count")[sel].astype(np.float64))
+                                value[sel])
     iv, t = iv[unit], t[unit]
     all_iv = trace.column("interval")[trace.column("pid") == pid]
     all_t = trace.column("t")[trace.column("pid") == pid]
@@ -83,7 +104,7 @@ def heat(trace, pid: int | None = None, rows: int = 256, cols: int | None = None
     col_of_iv = (np.arange(n_iv) * cols) // n_iv
     t_edges = np.concatenate([[0.0], [t_end[col_of_iv == c].max() for c in range(cols)]])
     if len(page) == 0:
-        return Heat(np.zeros((1, cols)), t_edges, np.zeros(1, np.uint64), [], [0], pid, 0)
+        return Heat(np.zeros((1, cols)), t_edges, np.zeros(1, np.uint64), [], [0], pid, 0, metric)
     # collapse unused address gaps
     used = np.unique(page)
     breaks = np.flatnonzero(np.diff(used) > np.uint64(max(gap, PAGE_SIZE))) + 1
@@ -113,7 +134,7 @@ def heat(trace, pid: int | None = None, rows: int = 256, cols: int | None = None
     m /= np.maximum(row_pages, 1)[:, None] * col_ivs[None, :]
     seg_rows = [int(r) for r in seg_row0]
     return Heat(m, t_edges, row_addr, [(int(a), int(b)) for a, b in zip(seg_lo, seg_hi)],
-                seg_rows, pid, total)
+                seg_rows, pid, total, metric)
 
 
 def _split_rows(pages: np.ndarray, rows: int) -> np.ndarray:
@@ -157,7 +178,8 @@ def ascii_heatmap(h: Heat, title: str = "", width: int = ASCII_WIDTH) -> str:
     lines.append(" " * (label_w + 2) + t0 + " " * max(1, ncols - len(t0) - len(t1)) + t1)
     lines.append(f"rows: address, {len(h.segments)} segment(s), '~' = collapsed gap; "
                  "cols: time")
-    legend = f"log scale: '{ASCII_RAMP[1]}' {lo:.3g} .. '{ASCII_RAMP[-1]}' {hi:.3g} count/page"
+    legend = (f"log scale: '{ASCII_RAMP[1]}' {lo:.3g} .. '{ASCII_RAMP[-1]}' {hi:.3g} "
+              f"{UNIT_LABEL[h.metric]}")
     lines.append(legend)
     return "\n".join(line[:width] for line in lines)
 
@@ -199,7 +221,8 @@ def png_heatmap(h: Heat, out: str, title: str = "") -> None:
     ax.set_ylabel("virtual address (unused gaps collapsed, dashed lines)")
     ax.set_title(title or f"pid {h.pid}", fontsize=10)
     cb = fig.colorbar(im, ax=ax)
-    cb.set_label("accesses per 4 KiB page per interval (log scale)")
+    cb.set_label("count per 4 KiB page per interval (log scale)" if h.metric == "count" else
+                 "estimated accesses/s of the page's unit (log scale)")
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -221,8 +244,10 @@ def title_of(trace, pid: int) -> str:
 @click.option("--cols", type=click.IntRange(1, 4096), help="time columns (ASCII at most 64)")
 @click.option("--gap", default="1M", show_default=True,
               help="collapse unused address ranges larger than this (K, M, G suffixes)")
+@click.option("--metric", type=click.Choice(METRICS),
+              help="freq: estimated accesses/s (default when the trace has estimates); count")
 @click.option("--json", "as_json", is_flag=True, help="print the heat matrix as JSON")
-def command(trace_file, output, as_ascii, pid, rows, cols, gap, as_json):
+def command(trace_file, output, as_ascii, pid, rows, cols, gap, metric, as_json):
     """Draw a trace as time x address, with unused address gaps collapsed.
 
     \b
@@ -230,6 +255,7 @@ def command(trace_file, output, as_ascii, pid, rows, cols, gap, as_json):
       pagetier heatmap run.parquet -o heat.png
       pagetier heatmap run.parquet --ascii
       pagetier heatmap run.parquet --json --rows 32 > heat.json
+      pagetier heatmap run.parquet --ascii --metric count
     """
     from pagetier.profiler.trace import read_trace
 
@@ -239,13 +265,14 @@ def command(trace_file, output, as_ascii, pid, rows, cols, gap, as_json):
     trace = read_trace(trace_file)
     if as_ascii or as_json:
         width_cols = ASCII_WIDTH - 16
-        h = heat(trace, pid, rows=rows or 20, cols=min(cols or width_cols, width_cols), gap=gap_b)
+        h = heat(trace, pid, rows=rows or 20, cols=min(cols or width_cols, width_cols), gap=gap_b,
+                 metric=metric)
         if as_json:
             click.echo(json.dumps(h.to_json()))
         else:
             click.echo(ascii_heatmap(h, title_of(trace, h.pid)))
     if output:
-        h = heat(trace, pid, rows=rows or 256, cols=cols, gap=gap_b)
+        h = heat(trace, pid, rows=rows or 256, cols=cols, gap=gap_b, metric=metric)
         png_heatmap(h, output, title_of(trace, h.pid))
         if not as_json:
             click.echo(f"wrote {output}: {h.matrix.shape[1]} time columns x "

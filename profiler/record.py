@@ -1,5 +1,8 @@
 """pagetier record: read a profiler backend every interval and write the counts to a trace.
 
+Each row keeps the unit's count and, in the ``freq`` column, the backend's estimate of its
+accesses per second (NaN when the backend gave none: readers then derive it from the count).
+
 ``record_trace()`` does the work (tests and benchmarks call it); ``command`` is the CLI. The
 trace's metadata keeps, per pid, the /proc/PID/maps lines and the data/bss objects of the
 program's ELF file, so that ``pagetier report`` can name what is hot on another machine.
@@ -215,8 +218,12 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
                     s = profiler.read(pid, reset=True, accessed_only=not all_pages and native_ao)
                     if not all_pages and not native_ao:
                         keep = s.count > 0
+                        if len(s.freq) == len(s):
+                            keep |= s.freq > 0
                         s = Sample(s.pid, s.addr[keep], s.count[keep], s.node[keep],
-                                   s.npages[keep], complete=False)
+                                   s.npages[keep], complete=False,
+                                   freq=s.freq[keep] if len(s.freq) == len(keep)
+                                   else np.zeros(0, np.float32))
                 except (ProcessLookupError, PagetierError) as e:
                     if not _alive(pid):
                         live.remove(pid)

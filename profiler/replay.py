@@ -4,6 +4,10 @@
 that pid (the pids are the trace's: ``pids()`` lists them; ``attach`` accepts only those, or any
 pid when ``pid_map`` maps it to one). After the last interval, reads return empty samples, or
 start over with ``loop=True``. ``finished`` tells when every attached pid has been played out.
+
+Each Sample carries the trace's ``freq`` column (the recording backend's estimate of accesses
+per second). A trace without estimates (older traces, or backends that gave none) replays
+with ``freq`` empty, so that ``Sample.rates`` derives it from the count and the interval.
 """
 from __future__ import annotations
 
@@ -65,7 +69,8 @@ class ReplayProfiler(Profiler):
         s = frames[i][2]
         keep = s.count > 0 if accessed_only else np.ones(len(s), bool)
         return Sample(pid=pid, addr=s.addr[keep], count=s.count[keep], node=s.node[keep],
-                      npages=s.npages[keep], complete=s.complete and not accessed_only)
+                      npages=s.npages[keep], complete=s.complete and not accessed_only,
+                      freq=s.freq[keep] if len(s.freq) == len(s) else np.zeros(0, np.float32))
 
     def stats(self, pid: int) -> dict:
         return {"position": self.pos.get(pid, 0),

@@ -4,9 +4,12 @@
 - Hot set per interval: the bytes of the units counted in at least ``hot_fraction`` of the last
   ``window`` intervals (persistently used, whatever a backend's count scale is).
 - Per-node residency: bytes of the pages seen, and of the hot set at the end, per NUMA node.
-- Hottest regions: runs of adjacent counted units ranked by their total count, each named by the
+- Hottest regions: runs of adjacent counted units ranked by one metric, each named by the
   mapping that holds it (/proc/PID/maps at record time) and by the ELF data/bss objects it
-  overlaps.
+  overlaps. Metrics (``--metric``): ``freq``, the region's estimated accesses per second (the sum
+  of its units' ``freq``, averaged over the trace's intervals: ``rate``), the default when the
+  trace carries a backend's estimate; ``count``, its total count (``accesses``), the default for
+  traces without estimates.
 """
 from __future__ import annotations
 
@@ -101,20 +104,34 @@ def _mapping(maps: list, addr: int) -> str:
     return "?"
 
 
-def hottest(trace, top: int = 10) -> list[dict]:
-    acc = trace.column("count") > 0
+METRICS = ("freq", "count")
+
+
+def default_metric(trace) -> str:
+    """``freq`` when the trace carries a backend's estimate, else ``count``."""
+    return "freq" if trace.has_freq else "count"
+
+
+def hottest(trace, top: int = 10, metric: str = "count") -> list[dict]:
+    freq_all = trace.column("freq").astype(np.float64)
+    acc = (trace.column("count") > 0) | (freq_all > 0)
     if not acc.any():
         return []
     pid = trace.column("pid")[acc]
     addr = trace.column("addr")[acc]
     npg = trace.column("npages")[acc].astype(np.int64)
     cnt = trace.column("count")[acc].astype(np.int64)
+    frq = freq_all[acc]
+    n_iv = len(np.unique(trace.column("interval"))) or 1
     total_all = int(cnt.sum())
+    freq_all_sum = float(frq.sum())
     keys = np.stack([pid.astype(np.uint64), addr], 1)
     uk, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     tot = np.zeros(len(uk), np.int64)
     np.add.at(tot, inv, cnt)
+    ftot = np.zeros(len(uk), np.float64)
+    np.add.at(ftot, inv, frq)
     upages = np.zeros(len(uk), np.int64)
     upages[inv] = npg
     procs = trace.meta.get("processes") or {}
@@ -141,22 +158,31 @@ def hottest(trace, top: int = 10) -> list[dict]:
         hi = int(uk[b - 1, 1]) + int(upages[b - 1]) * PAGE_SIZE
         pages = int(upages[a:b].sum())
         total = int(tot[a:b].sum())
+        ftotal = float(ftot[a:b].sum())
         info = procs.get(str(p)) or {}
         syms = [s for s in info.get("symbols") or [] if s[0] < hi and s[0] + s[1] > lo]
         syms.sort(key=lambda s: -s[1])
-        out.append({"pid": p, "start": hex(lo), "end": hex(hi), "bytes": hi - lo,
-                    "accesses": total, "share": round(total / total_all, 4) if total_all else 0,
-                    "per_page": round(total / pages, 2),
-                    "mapping": _mapping(info.get("maps") or [], lo),
-                    "symbols": [f"{s[2]} ({s[3]})" for s in syms[:3]]})
-    out.sort(key=lambda r: (-r["accesses"], r["start"]))
+        row = {"pid": p, "start": hex(lo), "end": hex(hi), "bytes": hi - lo,
+               "accesses": total, "share": round(total / total_all, 4) if total_all else 0,
+               "per_page": round(total / pages, 2),
+               "mapping": _mapping(info.get("maps") or [], lo),
+               "symbols": [f"{s[2]} ({s[3]})" for s in syms[:3]]}
+        if metric == "freq":
+            row["rate"] = round(ftotal / n_iv, 2)
+            row["share"] = round(ftotal / freq_all_sum, 4) if freq_all_sum else 0
+        out.append(row)
+    key = "rate" if metric == "freq" else "accesses"
+    out.sort(key=lambda r: (-r[key], r["start"]))
     return out[:top]
 
 
-def summarize(trace, window: int = 5, hot_fraction: float = 0.5, top: int = 10) -> dict:
+def summarize(trace, window: int = 5, hot_fraction: float = 0.5, top: int = 10,
+              metric: str | None = None) -> dict:
     m = trace.meta
+    metric = metric or default_metric(trace)
     tl = timeline(trace, window, hot_fraction)
     return {
+        "metric": metric,
         "trace": {k: m.get(k) for k in ("backend", "mode", "interval_s", "pids", "command",
                                         "kernel", "page_size", "created")},
         "intervals": len(tl), "rows": len(trace),
@@ -165,12 +191,19 @@ def summarize(trace, window: int = 5, hot_fraction: float = 0.5, top: int = 10) 
         "peak_hot_set": max((r["hot_set"] for r in tl), default=0),
         "timeline": tl,
         "residency": residency(trace, window, hot_fraction),
-        "hottest": hottest(trace, top),
+        "hottest": hottest(trace, top, metric),
     }
 
 
 def _mb(b: int) -> str:
     return f"{b / MB:.1f}"
+
+
+def _si(x: float) -> str:
+    for div, suf in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.1f}{suf}"
+    return f"{x:.1f}"
 
 
 def render(rep: dict, max_rows: int = 20) -> str:
@@ -199,13 +232,15 @@ def render(rep: dict, max_rows: int = 20) -> str:
     for k in sorted(set(res["seen"]) | set(res["hot"]), key=int):
         lines.append(f"{(k if k != '-1' else '?'):>6} {_mb(res['seen'].get(k, 0)):>10} "
                      f"{_mb(res['hot'].get(k, 0)):>13}")
-    lines += ["", "hottest regions:",
-              f"{'start':>14} {'MB':>7} {'share':>6} {'per pg':>7}  what"]
+    by_freq = rep.get("metric") == "freq"
+    lines += ["", "hottest regions" + (" (by estimated accesses/s):" if by_freq else ":"),
+              f"{'start':>14} {'MB':>7} {'share':>6} {'acc/s' if by_freq else 'per pg':>7}  what"]
     for r in rep["hottest"]:
         what = os.path.basename(r["mapping"]) if r["mapping"].startswith("/") else r["mapping"]
         if r["symbols"]:
             what += ": " + ", ".join(s.split(" (")[0] for s in r["symbols"])
-        line = f"{r['start']:>14} {_mb(r['bytes']):>7} {r['share']:6.1%} {r['per_page']:7.1f}  "
+        v = _si(r["rate"]) if by_freq else f"{r['per_page']:7.1f}"
+        line = f"{r['start']:>14} {_mb(r['bytes']):>7} {r['share']:6.1%} {v:>7}  "
         lines.append(line + (what if len(line + what) <= 79 else what[:76 - len(line)] + "..."))
     return "\n".join(lines)
 
@@ -218,16 +253,20 @@ def render(rep: dict, max_rows: int = 20) -> str:
               show_default=True, help="share of the window a unit must be counted in to be hot")
 @click.option("--top", type=click.IntRange(1, None), default=10, show_default=True,
               help="hottest regions listed")
+@click.option("--metric", type=click.Choice(METRICS),
+              help="rank regions by freq (estimated accesses/s; default when the trace has "
+                   "estimates) or count")
 @click.option("--json", "as_json", is_flag=True, help="everything as JSON")
-def command(trace_file, window, hot_fraction, top, as_json):
+def command(trace_file, window, hot_fraction, top, metric, as_json):
     """Working set, hot set, per-node residency and the hottest regions of a trace.
 
     \b
     Examples:
       pagetier report run.parquet
       pagetier report run.parquet --window 10 --hot-fraction 0.8 --json
+      pagetier report run.parquet --metric count
     """
     from pagetier.profiler.trace import read_trace
 
-    rep = summarize(read_trace(trace_file), window, hot_fraction, top)
+    rep = summarize(read_trace(trace_file), window, hot_fraction, top, metric)
     click.echo(json.dumps(rep, sort_keys=True) if as_json else render(rep))

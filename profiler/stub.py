@@ -2,10 +2,15 @@
 
 It reports what it is given, per target pid, one of:
 
-- ``source``: a callable ``source(pid, interval) -> Sample | (addr, count[, node[, npages]])``;
+- ``source``: a callable ``source(pid, interval) -> Sample | (addr, count[, node[, npages[,
+  freq]]])``;
 - ``intervals``: a list of per-interval entries (a Sample or such a tuple), the last repeated;
 - ``units``/``hot``: a simple layout: ``units`` 4 KiB units starting at ``base``, the first
   ``hot`` of them accessed ``hot_count`` times per interval, the rest never, on ``node``.
+
+Frequency (``Sample.freq``, accesses per second): a Sample or a tuple's fifth element carries
+it through; without one, ``freq`` is derived from the count as ``count / interval_s`` when the
+stub is given ``interval_s``, and left empty otherwise (``Sample.rates`` then derives it).
 
 Nodes: the daemon records its moves in its own PageState; set ``track_moves=True`` and give the
 stub to the stub mover (tests) to have reported nodes follow the moves, or ``query=True`` to ask
@@ -29,14 +34,17 @@ def as_sample(pid: int, entry) -> Sample:
     count = np.broadcast_to(np.asarray(count, np.uint32), (n,)).copy()
     node = np.broadcast_to(np.asarray(rest[0] if rest else -1, np.int16), (n,)).copy()
     npages = np.broadcast_to(np.asarray(rest[1] if len(rest) > 1 else 1, np.uint16), (n,)).copy()
-    return Sample(pid=pid, addr=addr, count=count, node=node, npages=npages)
+    freq = (np.broadcast_to(np.asarray(rest[2], np.float32), (n,)).copy() if len(rest) > 2
+            else np.zeros(0, np.float32))
+    return Sample(pid=pid, addr=addr, count=count, node=node, npages=npages, freq=freq)
 
 
 @register("stub")
 class StubProfiler(Profiler):
     def __init__(self, source: Callable | None = None, intervals: list | None = None,
                  units: int = 0, hot: int = 0, hot_count: int = 10, node: int = 1,
-                 base: int = 0x7f0000000000, query: bool = False, track_moves: bool = False):
+                 base: int = 0x7f0000000000, query: bool = False, track_moves: bool = False,
+                 interval_s: float = 0.0):
         self.source = source
         self.intervals = intervals
         self.units, self.hot, self.hot_count = int(units), int(hot), int(hot_count)
@@ -47,6 +55,7 @@ class StubProfiler(Profiler):
         self.detached: list[int] = []
         self.nodes: dict[int, dict[int, int]] = {}  # pid -> {addr: node}, if track_moves
         self.default_node = int(node)
+        self.interval_s = float(interval_s)
         self.closed = False
 
     def attach(self, pid: int) -> None:
@@ -75,6 +84,8 @@ class StubProfiler(Profiler):
         if reset:
             self.attached[pid] = i + 1
         s = as_sample(pid, self._entry(pid, i))
+        if self.interval_s > 0 and len(s.freq) != len(s):
+            s.freq = s.rates(self.interval_s)
         if self.query and len(s):
             from pagetier.daemon import mover
 
@@ -84,7 +95,8 @@ class StubProfiler(Profiler):
             s.node = np.array([known.get(int(a), int(n)) for a, n in zip(s.addr, s.node)], np.int16)
         if accessed_only:
             keep = s.count > 0
-            s = Sample(pid, s.addr[keep], s.count[keep], s.node[keep], s.npages[keep], complete=False)
+            s = Sample(pid, s.addr[keep], s.count[keep], s.node[keep], s.npages[keep], complete=False,
+                       freq=s.freq[keep] if len(s.freq) == len(keep) else np.zeros(0, np.float32))
         return s
 
     def moved(self, pid: int, addrs: np.ndarray, node: int) -> None:

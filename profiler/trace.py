@@ -9,6 +9,16 @@ One row per interval, process and mapping unit, with the columns in ``TRACE_COLU
     npages   uint16   4 KiB pages in the unit (1, or 512 for a 2 MiB mapping)
     count    uint32   accesses seen in the interval
     node     int16    NUMA node, -1 if unknown
+    freq     float32  estimated accesses per second of the unit over the interval, on the one
+                      scale every backend maps to (see each backend's docstring); NaN where the
+                      backend gave no estimate
+
+Traces written before the ``freq`` column existed still load, as do rows with NaN: there
+``Trace.column("freq")`` and the Samples of ``intervals()`` hold the interval's count over the
+trace's nominal interval (``interval_s``), the same fallback as ``Sample.rates``: a lower bound
+(one count per scan at most). ``Trace.has_freq`` tells whether any row carries a backend's
+estimate. The format number stays 1: the new column is optional for readers, and an older
+pagetier reads a new trace, ignoring the column.
 
 The schema's metadata key ``b"pagetier"`` holds JSON: ``format`` (1), ``backend``, ``mode``,
 ``interval_s``, ``pids``, ``command``, ``kernel``, ``page_size``, ``created`` and optional extras
@@ -45,7 +55,9 @@ TRACE_COLUMNS: dict[str, str] = {
     "npages": "uint16",
     "count": "uint32",
     "node": "int16",
+    "freq": "float32",
 }
+OPTIONAL_COLUMNS = ("freq",)  # older traces lack them
 META_KEYS = ("format", "backend", "mode", "interval_s", "pids", "command", "kernel", "page_size",
              "created")
 _ROW_GROUP = 1 << 20  # rows buffered before a row group is written
@@ -106,6 +118,8 @@ class TraceWriter:
             "pid": np.full(n, sample.pid, np.int32),
             "addr": sample.addr, "npages": sample.npages, "count": sample.count,
             "node": sample.node,
+            "freq": (sample.freq if len(sample.freq) == n
+                     else np.full(n, np.nan, np.float32)),
         }
         for name, dt in TRACE_COLUMNS.items():
             self._parts[name].append(np.asarray(cols[name]).astype(dt, copy=False))
@@ -145,18 +159,34 @@ def write_trace(path, frames: Iterable[tuple[int, float, Sample]], meta: dict) -
 
 
 class Trace:
-    """A recorded trace: ``meta`` (dict) and ``table`` (pyarrow Table with TRACE_COLUMNS)."""
+    """A recorded trace: ``meta`` (dict) and ``table`` (pyarrow Table with TRACE_COLUMNS; an
+    old trace's without ``freq``)."""
 
     def __init__(self, table, meta: dict, path: str = ""):
         self.table = table
         self.meta = meta
         self.path = path
         self._np: dict[str, np.ndarray] | None = None
+        self._has_freq = False
 
     def column(self, name: str) -> np.ndarray:
+        """A column as numpy; ``freq`` with the backend's estimate where there is one and the
+        count over ``interval_s`` elsewhere (and in traces older than the column)."""
         if self._np is None:
-            self._np = {c: self.table.column(c).to_numpy() for c in TRACE_COLUMNS}
+            names = self.table.column_names
+            self._np = {c: self.table.column(c).to_numpy() for c in TRACE_COLUMNS if c in names}
+            raw = self._np.get("freq")
+            self._has_freq = raw is not None and bool(np.isfinite(raw).any())
+            derived = (self._np["count"].astype(np.float64)
+                       / max(self.interval_s or 1.0, 1e-6)).astype(np.float32)
+            self._np["freq"] = derived if raw is None else np.where(np.isfinite(raw), raw, derived)
         return self._np[name]
+
+    @property
+    def has_freq(self) -> bool:
+        """Whether any row carries a backend's frequency estimate (not only counts)."""
+        self.column("freq")
+        return self._has_freq
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -190,7 +220,9 @@ class Trace:
             group[p] = Sample(pid=p, addr=self.column("addr")[rows],
                               count=self.column("count")[rows], node=self.column("node")[rows],
                               npages=self.column("npages")[rows],
-                              complete=bool(self.meta.get("complete", True)))
+                              complete=bool(self.meta.get("complete", True)),
+                              freq=(self.column("freq")[rows] if self.has_freq
+                                    else np.zeros(0, np.float32)))
         if cur is not None:
             yield cur, cur_t, group
 
@@ -232,16 +264,19 @@ def read_trace(path) -> Trace:
         raise ConfigError(f"{p}: pagetier metadata lacks {', '.join(missing)}")
     for name, dt in TRACE_COLUMNS.items():
         if name not in sch.names:
+            if name in OPTIONAL_COLUMNS:
+                continue
             raise ConfigError(f"{p}: column {name!r} is missing")
         want = pa.from_numpy_dtype(np.dtype(dt))
         if sch.field(name).type != want:
             raise ConfigError(f"{p}: column {name!r} has type {sch.field(name).type}, "
                               f"expected {want}")
+    cols = [c for c in TRACE_COLUMNS if c in sch.names]
     try:
-        table = pf.read(columns=list(TRACE_COLUMNS))
+        table = pf.read(columns=cols)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise ConfigError(f"{p}: trace data is corrupt ({_short(e)})") from None
-    if table.num_rows and any(table.column(c).null_count for c in TRACE_COLUMNS):
+    if table.num_rows and any(table.column(c).null_count for c in cols):
         raise ConfigError(f"{p}: trace has missing values")
     return Trace(table, meta, p)
 

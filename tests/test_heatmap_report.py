@@ -138,3 +138,34 @@ def test_heatmap_and_report_of_an_empty_trace(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 1 and "no samples" in r.stderr
     assert "0 intervals" in cli("report", p).stdout
+
+
+def test_freq_metric_is_the_default_when_the_trace_has_estimates(tmp_path):
+    """A unit counted once but estimated at 10^5 accesses/s outranks one counted 3 times at
+    10/s: by freq (the default with estimates) in the report and the heatmap; --metric count
+    gives the count's order back."""
+    from pagetier.profiler.heatmap import heat
+
+    p = tmp_path / "f.parquet"
+    hot, warm = HEAP, HEAP + 0x400000  # 4 MiB apart: two regions, two segments
+    frames = []
+    for i in range(4):
+        s = Sample(4242, np.array([hot, warm], np.uint64), np.array([1, 3], np.uint32),
+                   np.zeros(2, np.int16), np.ones(2, np.uint16),
+                   freq=np.array([1e5, 10.0], np.float32))
+        frames.append((i, i + 1.0, s))
+    write_trace(p, frames, {"backend": "stub", "interval_s": 1.0, "pids": [4242]})
+    tr = read_trace(p)
+    rep = json.loads(cli("report", p, "--json").stdout)
+    assert rep["metric"] == "freq" and rep["hottest"][0]["start"] == hex(hot)
+    assert rep["hottest"][0]["rate"] == 1e5 and rep["hottest"][1]["rate"] == 10.0
+    rep = json.loads(cli("report", p, "--json", "--metric", "count").stdout)
+    assert rep["metric"] == "count" and rep["hottest"][0]["start"] == hex(warm)
+    text = cli("report", p).stdout
+    assert "by estimated accesses/s" in text and "100.0k" in text
+    h = heat(tr, rows=4)
+    assert h.metric == "freq" and h.matrix.max() == pytest.approx(1e5)
+    assert heat(tr, rows=4, metric="count").matrix.max() == pytest.approx(3)
+    out = cli("heatmap", p, "--ascii").stdout
+    assert "acc/s/unit" in out
+    assert "count/page" in cli("heatmap", p, "--ascii", "--metric", "count").stdout

@@ -304,3 +304,149 @@ def test_damon_regions_expand_to_pages():
     d.pids = [1, 2]
     per = d._split_by_target([(10, 20, 1), (30, 40, 2), (5, 8, 0), (50, 60, 4)])
     assert [p.tolist() for p in per] == [[[10, 20, 1], [30, 40, 2]], [[5, 8, 0], [50, 60, 4]]]
+
+
+# --- the freq column and the one frequency scale ----------------------------------------------
+def test_freq_round_trip_and_old_traces(tmp_path):
+    """freq is written and read back; a row without an estimate, and a trace older than the
+    column, read as count / interval_s."""
+    p = tmp_path / "f.parquet"
+    s = sample(n=3)
+    s.freq = np.array([1e5, 2.5, 0.0], np.float32)
+    write_trace(p, [(0, 0.5, s), (1, 1.0, sample(n=2))], META)
+    tr = read_trace(p)
+    assert tr.has_freq
+    raw = tr.table.column("freq").to_numpy()
+    assert raw[:3].tolist() == [1e5, 2.5, 0.0] and np.isnan(raw[3:]).all()
+    # no estimate in interval 1: count over the 0.5 s interval
+    assert tr.column("freq").tolist() == [1e5, 2.5, 0.0, 2.0, 4.0]
+    (_, _, g0), (_, _, g1) = tr.intervals()
+    assert g0[7].freq.tolist() == [1e5, 2.5, 0.0] and g1[7].rates(0.5).tolist() == [2.0, 4.0]
+    # a format-1 trace written before the column existed
+    old = tmp_path / "old.parquet"
+    pf = pq.read_table(p)
+    pq.write_table(pf.drop(["freq"]).replace_schema_metadata(pf.schema.metadata), old)
+    tr = read_trace(old)
+    assert not tr.has_freq and "freq" not in tr.table.column_names
+    assert tr.column("freq").tolist() == (tr.column("count") / 0.5).tolist()
+    (_, _, g0), _ = tr.intervals()
+    assert len(g0[7].freq) == 0 and g0[7].rates(0.5).tolist() == [2.0, 4.0, 6.0]
+    # a freq column of the wrong type is refused like any other column
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pf.set_column(pf.schema.get_field_index("freq"), "freq",
+                                 pa.array(np.zeros(len(pf)), pa.float64())), bad)
+    with pytest.raises(ConfigError, match="column 'freq' has type double"):
+        read_trace(bad)
+
+
+def test_replay_and_stub_carry_freq(tmp_path):
+    p = tmp_path / "t.parquet"
+    s = sample(n=3)
+    s.freq = np.array([9.0, 0.0, 3.0], np.float32)
+    write_trace(p, [(0, 1.0, s)], META)
+    r = create("replay", path=str(p))
+    r.attach(7)
+    got = r.read(7, accessed_only=True)
+    assert got.freq.tolist() == [9.0, 0.0, 3.0] and got.rates(1.0).tolist() == [9.0, 0.0, 3.0]
+    stub = create("stub", intervals=[([BASE, BASE + 4096], [1, 0], 0, 1, [50.0, 0.0])])
+    stub.attach(1)
+    assert stub.read(1, accessed_only=True).freq.tolist() == [50.0]
+    derived = create("stub", units=4, hot=2, hot_count=3, interval_s=0.5)
+    derived.attach(1)
+    assert derived.read(1).freq.tolist() == [6.0, 6.0, 0.0, 0.0]
+
+
+def test_record_keeps_freq(tmp_path):
+    from pagetier.profiler.record import record_trace
+
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        prof = create("stub", intervals=[([BASE, BASE + 4096, BASE + 8192], [2, 0, 1], 1, 1,
+                                          [2e4, 0.0, 7.0])])
+        out = tmp_path / "r.parquet"
+        record_trace(prof, [proc.pid], str(out), interval_s=0.05, duration=0.2, nodes=False)
+    finally:
+        proc.kill()
+        proc.wait()
+    tr = read_trace(out)
+    assert tr.has_freq and set(tr.column("freq").tolist()) == {2e4, 7.0}
+
+
+def test_damon_poisson_rate():
+    from pagetier.profiler.damon import poisson_rate
+
+    # 20 checks of 5 ms per aggregation: p = nr / 20, lambda = -ln(1 - p) / 5 ms
+    r = poisson_rate(np.array([0, 1, 10, 19, 20, 25]), 5000, 100_000)
+    assert r[0] == 0
+    np.testing.assert_allclose(r[1:4], -np.log1p(-np.array([0.05, 0.5, 0.95])) / 0.005, rtol=1e-5)
+    assert r[4] == r[5] == pytest.approx(np.log(40) / 0.005, rel=1e-5)  # saturated: p = 1 - 1/40
+    assert r[3] < r[4] and r[4] / r[1] > 70
+
+
+def test_huge_units_fold_4k_rows_into_2m_units():
+    from pagetier.profiler.base import HUGE_SIZE, huge_units
+
+    H = np.uint64(BASE)  # 2 MiB aligned
+    addr = np.array([H + np.uint64(4096), H + np.uint64(8192), H + np.uint64(HUGE_SIZE + 4096),
+                     H + np.uint64(3 * HUGE_SIZE)], np.uint64)
+    s = Sample(pid=1, addr=addr, count=np.array([1, 3, 2, 5], np.uint32),
+               node=np.array([1, 1, 0, 0], np.int16), npages=np.ones(4, np.uint16),
+               freq=np.array([10, 30, 20, 50], np.float32))
+    blocks = np.array([H, H + np.uint64(3 * HUGE_SIZE)], np.uint64)
+    summed = huge_units(s, blocks, how="sum")
+    assert summed.addr.tolist() == [int(H), int(H) + HUGE_SIZE + 4096, int(H) + 3 * HUGE_SIZE]
+    assert summed.npages.tolist() == [512, 1, 512]
+    assert summed.count.tolist() == [4, 2, 5] and summed.freq.tolist() == [40, 20, 50]
+    assert summed.node.tolist() == [1, 0, 0]
+    mean = huge_units(s, blocks, how="mean")
+    assert mean.count.tolist() == [2, 2, 5] and mean.freq.tolist() == [20, 20, 50]
+    assert huge_units(s, np.zeros(0, np.uint64)) is s
+    nofreq = Sample(pid=1, addr=addr, count=s.count, node=s.node, npages=s.npages)
+    assert len(huge_units(nofreq, blocks).freq) == 0
+
+
+def test_thp_blocks_without_pfns_finds_none():
+    """Unprivileged, pagemap shows no PFNs: no block is taken for a huge page."""
+    import os
+
+    from pagetier.profiler.base import thp_blocks
+
+    if os.geteuid() == 0:
+        pytest.skip("as root the PFNs are visible")
+    buf = np.zeros(1 << 20, np.uint8)
+    assert len(thp_blocks(os.getpid(), np.array([buf.ctypes.data], np.uint64))) == 0
+
+
+def test_bench_scores_per_interval(tmp_path):
+    """scripts/bench_profilers.py ranks each interval's units by freq or by count: a hot set
+    estimated at 10^5/s among cold units counted as often is found by freq, not by count."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_profilers", Path(__file__).parent.parent / "scripts" / "bench_profilers.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    H = 2 << 20
+    ready = {"addr": BASE, "size": 64 * H, "hot_addr": BASE + 8 * H, "hot_size": 8 * H}
+    addr = BASE + np.arange(64, dtype=np.uint64) * np.uint64(H)
+    hot = (addr >= ready["hot_addr"]) & (addr < ready["hot_addr"] + ready["hot_size"])
+    frames = []
+    for i in range(4):
+        if i == 2:
+            continue  # an interval without rows scores 0
+        frames.append((i, i + 1.0, Sample(pid=1, addr=addr, count=np.full(64, 5, np.uint32),
+                                          node=np.zeros(64, np.int16),
+                                          npages=np.full(64, 512, np.uint16),
+                                          freq=np.where(hot, 1e5, 3.0).astype(np.float32))))
+    p = tmp_path / "b.parquet"
+    write_trace(p, frames, {"backend": "stub", "interval_s": 1.0, "pids": [1]})
+    tr = read_trace(p)
+    by_freq = bench.interval_scores(tr, ready, "freq", n_intervals=4)
+    by_count = bench.interval_scores(tr, ready, "count", n_intervals=4)
+    assert [x["precision"] for x in by_freq] == [1.0, 0.0, 1.0]
+    assert [x["recall"] for x in by_freq] == [1.0, 0.0, 1.0]
+    assert all(x["precision"] < 0.6 for x in by_count)  # ties in random order
+    assert by_freq[0]["hot_freq"] == 1e5 and by_freq[0]["cold_freq"] == 3.0
+    s = bench.summarize_scores(by_freq)
+    assert (s["p_med"], s["p_min"], s["r_med"]) == (1.0, 0.0, 1.0)
