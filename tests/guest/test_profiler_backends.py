@@ -6,7 +6,7 @@ Floors, from what the 6.12 guest measured under QEMU software emulation (issue #
 - bpf: counts page faults, here the hinting faults of kmod's fault-mode marks, so it sees what
   the module's marking makes trap; held to 0.90 (measured 0.98 / 1.00 and 0.99 / 1.00).
 - damon: no accuracy floor, only that it records. DAMON clears Accessed bits without a TLB flush
-  (KERNEL-NOTES); under TCG a bit is set again only when a context switch on the workload's CPU
+  (docs/kernel-facts.md); under TCG a bit is set again only when a context switch on the workload's CPU
   happens to flush. Measured on the same run, three times with the CPUs shared: precision 0.98,
   0.76, 0.45 and recall 1.00, 1.00, 0.52; "damon-alone" (workload alone on CPU 1, kdamond and
   the recorder on CPU 0): nothing counted, 0.00 / 0.00. A floor above 0 would pass only when
