@@ -2,9 +2,14 @@
 
 One interval (:meth:`Daemon.step`):
 
-1. each target's counts (``profiler.read(pid, reset=True)``) merged into the PageState;
+1. each target's counts (``profiler.read(pid, reset=True)``) merged into the PageState as
+   rates (accesses/s over the time since the target's last read, or the profiler's own
+   frequency estimate);
 2. units of unknown node looked up with ``mover.query_nodes``;
-3. the policy's Decision, given a Context with the fast budget and the rate limit in pages;
+3. the policy's Decision, given a Context with the fast budget, the rate limit in pages and
+   the fast capacity: what the fast node can hold for the targets (their units on it plus its
+   room above the high watermark). When that is below the budget the node is the limit, and
+   the policy exchanges: it demotes colder units to make room for hotter ones;
 4. demotions first (the policy's, then the daemon's own when the targets are over budget,
    coldest first), then the promotions that fit in the budget left and the rate left — the
    daemon enforces both whatever the policy returns;
@@ -15,7 +20,8 @@ One interval (:meth:`Daemon.step`):
    reclaims and retries page by page before it says ENOMEM);
    the fast budget counts the pages the daemon can move: fast pages the kernel refused to
    move (mapped by other processes too) are reported apart, as ``fast_unmovable``;
-6. a stats dict, printed as a JSON line (``--json``) or a short human line, and written to
+6. a stats dict (with ``limit``: the limit that kept wanted units off the fast node,
+   "budget", "node", "rate" or None), printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
 The first interval ends one interval after the start: a decision needs counts to rest on.
@@ -393,6 +399,15 @@ class Daemon:
             st.node[sel] = np.where(nodes >= 0, nodes, -1).astype(np.int8)
 
     # ------------------------------------------------------------------ one interval
+    def _max_count(self, elapsed: float) -> int | None:
+        """The scans a read ``elapsed`` seconds after the last one can cover, for a profiler
+        that counts one access per unit per scan (kmod: ``node_lag_s`` is its scan period);
+        None when unknown. Without a frequency estimate counts are clipped to it."""
+        period = float(getattr(self.profiler, "node_lag_s", 0.0))
+        if period <= 0:
+            return None
+        return max(1, int(round(elapsed / period)))
+
     def read_target(self, pid: int) -> float:
         """Read ``pid``'s counts into the state and show them to the policy; the merge time."""
         try:
@@ -412,7 +427,7 @@ class Daemon:
         self._last_read[pid] = t_read
         t_merge = time.process_time()
         self.state.update(sample, trust_moves=self.trust_moves(), interval_s=self.cfg.interval,
-                          elapsed_s=max(elapsed, 1e-3))
+                          elapsed_s=max(elapsed, 1e-3), max_count=self._max_count(elapsed))
         merge_s = time.process_time() - t_merge
         self.policy.observe(pid, sample)
         return merge_s

@@ -96,13 +96,16 @@ class PageState:
         self.a["rate"] = 0
 
     def update(self, sample: Sample, trust_moves: int = 0, interval_s: float = 1.0,
-               elapsed_s: float | None = None) -> None:
+               elapsed_s: float | None = None, max_count: int | None = None) -> None:
         """Merge one target's sample for the current interval.
 
         ``interval_s``: the daemon's interval; ``elapsed_s``: the time the sample covers (since
         the target's previous read; default ``interval_s``). Its rates
         (``sample.rates(elapsed_s)``) are added to ``rate`` and ``heat`` weighted by
-        ``min(1, elapsed_s / interval_s)``.
+        ``min(1, elapsed_s / interval_s)``. ``max_count``: for a sample without a frequency
+        estimate, the most counts a unit can show in the time (the scans it covers): a count of
+        one per scan says accessed or not, and a unit that shows two because a second scan
+        passed it before the read is no hotter than one that shows one.
 
         A profiler observes nodes when it scans, which may be before the daemon's last move:
         for units moved within the last ``trust_moves`` intervals the node the daemon recorded
@@ -114,7 +117,11 @@ class PageState:
         count = sample.count[order]
         elapsed = float(interval_s if elapsed_s is None else elapsed_s)
         weight = np.float32(min(1.0, max(elapsed, 1e-6) / max(float(interval_s), 1e-6)))
-        rate = sample.rates(elapsed)[order].astype(np.float32) * weight
+        if max_count is not None and len(sample.freq) != len(sample.addr):
+            clipped = np.minimum(sample.count, np.uint32(max(1, int(max_count))))
+            rate = (clipped[order] / max(elapsed, 1e-6)).astype(np.float32) * weight
+        else:
+            rate = sample.rates(elapsed)[order].astype(np.float32) * weight
         node = sample.node[order]
         npages = sample.npages[order]
         keys = _keys(t, addr)

@@ -1,21 +1,45 @@
-"""The default policy: decayed heat, an adaptive hot threshold, watermarks and anti-thrashing.
+"""The default policy: rate-ranked placement with a noise floor, exchange under node pressure,
+watermarks, hysteresis, a thrashing throttle and phase detection.
 
-Each interval the policy
+The signal is ``state.heat``: the decayed sum of each unit's estimated accesses per second
+(daemon/state.py). Each interval the policy
 
-1. ranks units by decayed heat (``state.heat``) and takes the hottest ones that fit in
-   ``low_watermark * fast_budget`` pages, ignoring units colder than ``min_heat``: the heat of
-   the coldest unit taken is this interval's hot threshold, so the threshold adapts to the
-   budget instead of being a fixed number;
-2. promotes the units of that set that are not on the fast node yet, hottest first;
-3. demotes the coldest fast-node units when fast-node use passes ``high_watermark`` (down to
-   ``low_watermark``), and demotes more of them when a promotion needs room, but only units
-   colder than the promoted one by ``margin`` (promotion needs ``heat > victim * (1+margin)``);
-4. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis against
-   ping-pong; only an over-budget fast node may demote such units);
-5. throttles (moves ``throttle_scale`` of the rate limit) when the hot set is larger than the
-   budget or when units moved in the last ``thrash_window`` intervals are being moved back;
-6. classifies the access pattern from the overlap (Jaccard) of successive hot sets and
-   suggests an ``interval_scale`` for the daemon's pacing.
+1. takes the reference heat: the heat of the coldest of the hottest units that carry
+   ``ref_mass`` (90%) of all the heat. Units touched now and then carry a tiny share of the
+   accesses, so the reference is a hot unit's heat however many of them there are. Units colder
+   than ``noise_ratio`` times it (and than ``min_heat``) are noise: never promoted, so spare
+   budget is not filled with units that cannot be told from noise;
+2. ranks the rest by heat and takes the hottest that fit in the fast capacity it plans for:
+   ``low_watermark * fast_budget``, or less when the fast node itself cannot hold that much
+   (``Context.fast_capacity``: the targets' units on it plus its room above the high
+   watermark). The heat of the coldest unit taken is this interval's hot threshold;
+3. promotes the units of that set not on the fast node yet, hottest first, up to
+   ``high_watermark * fast_budget`` or the node's capacity, whichever is smaller;
+4. exchanges: when a promotion needs room (the budget or the node full), demotes the coldest
+   fast units, those outside the hot set first, but only for a unit measurably hotter:
+   promoted heat > victim heat * (1 + ``margin``) and at least ``gap_ratio`` times the
+   reference heat above it (two noise units never swap). Demotions come first in the plan and
+   the daemon moves them first, so the promotions find the room freed. The node limit never
+   makes the policy demote by itself (the daemon does not give memory to other tenants);
+   fast-node use above ``high_watermark * fast_budget`` is demoted down to ``low_watermark``;
+5. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis; only an
+   over-budget fast node may demote such units);
+6. throttles. A move-back is a move of a unit moved within ``thrash_window`` intervals; when
+   more than ``thrash_ratio`` of a plan's pages (or of their moving average) are move-backs,
+   units moved within ``thrash_window`` stay where they are for the next ``thrash_window``
+   intervals, and exchanges use ``throttle_scale`` of the rate limit. When the hot set is larger
+   than the fast capacity ("oversubscribed") exchanges are throttled the same way. Promotions
+   into free room are never throttled: they go in one large batch, up to the rate limit;
+7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
+   (``warmup``, ``stable``, ``phased``, ``irregular``) and suggests an ``interval_scale``. A
+   phase change is acted on in the interval it is seen: when the units accessed in this
+   interval (``state.rate``) form a hot set about as large as the last one and overlapping it by
+   less than ``phase_jaccard`` after a regular run, this interval ranks by its rates rather than
+   by decayed heat (which would keep the old hot set for another interval or two).
+
+Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
+pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate" or None),
+``exchange``, ``noise_floor``, ``reference_heat``, the throttle's reasons and ``move_back_pages``.
 
 Everything is vectorized numpy; the policy keeps only the previous hot set's keys (sorted
 ``(target << 48) | (addr >> 12)``, so it survives units appearing and disappearing) and a few
@@ -167,20 +191,6 @@ def _jaccard_sorted(a: np.ndarray, b: np.ndarray) -> float:
     return inter / (len(a) + len(b) - inter)
 
 
-def reference_heat(score: np.ndarray, mass: float) -> float:
-    """The heat of the coldest unit among the hottest ones that carry ``mass`` (a fraction) of
-    all the heat: what "hot" means for this state. Units touched now and then carry a tiny
-    share of the accesses, so they do not drag it down, and one outlier cannot lift it above the
-    rest of the hot set unless it alone carries ``mass`` of the accesses."""
-    s = score[score > 0]
-    if not len(s):
-        return 0.0
-    s = np.sort(s)[::-1]
-    c = np.cumsum(s)
-    k = min(int(np.searchsorted(c, mass * c[-1], "left")), len(s) - 1)
-    return float(s[k])
-
-
 @register("heuristic")
 class Heuristic(Policy):
     """Rate-ranked placement with a noise floor, exchange under node pressure, watermarks,
@@ -250,11 +260,18 @@ class Heuristic(Policy):
         """(units of ``cand`` above the noise floor, hottest first with ties to fast residents;
         reference heat; floor)."""
         c = self.config
-        ref = reference_heat(score[cand], c.ref_mass)
+        s = score[cand] * (1.0 + 1e-9 * fast[cand])
+        order = cand[np.argsort(-s, kind="stable")]
+        ranked = score[order]
+        ref = 0.0
+        if len(ranked):
+            cum = np.cumsum(ranked)
+            k = min(int(np.searchsorted(cum, c.ref_mass * cum[-1], "left")), len(ranked) - 1)
+            ref = float(ranked[k])
         floor = max(c.min_heat, c.noise_ratio * ref)
-        hot = cand[score[cand] >= floor]
-        s = score[hot] * (1.0 + 1e-9 * fast[hot])
-        return hot[np.argsort(-s, kind="stable")], ref, floor
+        # ranked is non-increasing up to the 1e-9 tie-break: the hot units are a prefix
+        n_hot = int(np.count_nonzero(ranked >= floor))
+        return order[:n_hot], ref, floor
 
     def _rate_phase_change(self, state, rate, known, fast, npages, cap):
         """Whether this interval's rates alone show a new hot set (a phase change seen now,
@@ -323,12 +340,16 @@ class Heuristic(Policy):
         if self._throttle_until is not None and now > self._throttle_until:
             self._throttle_until = None
 
+        fast_idx = np.flatnonzero(fast)
+        fast_idx = fast_idx[np.argsort(score[fast_idx], kind="stable")]  # coldest first
+
         def plan(freeze: bool, max_moves: int):
             still = within if freeze else recent
             pmask = in_set & ~fast & ~still
             promo = order[pmask[order]]
-            fidx = np.flatnonzero(fast)
-            fidx = fidx[np.lexsort((score[fidx], in_set[fidx], still[fidx]))]
+            # victims: units free to move first, then those not in the hot set, coldest first
+            group = (still[fast_idx].astype(np.int8) << 1) | in_set[fast_idx].astype(np.int8)
+            fidx = fast_idx[np.argsort(group, kind="stable")]
             n_room = int(np.count_nonzero(~still[fidx]))
             if used <= budget:
                 fidx = fidx[:n_room]  # hysteresis holds unless the budget is already exceeded
@@ -355,7 +376,7 @@ class Heuristic(Policy):
             self._throttle_until = now + c.thrash_window
         if self._throttle_until is not None:
             reasons.append("move-backs")
-        if reasons:
+        if "move-backs" in reasons or (reasons and throttled_max < max_moves):
             p, d, promo, pages, backs = plan("move-backs" in reasons, throttled_max)
 
         # which limit kept desired units off the fast node
