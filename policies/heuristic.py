@@ -33,8 +33,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
 7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
    (``warmup``, ``stable``, ``phased``, ``irregular``) and suggests an ``interval_scale``. A
    phase change is acted on in the interval it is seen: when the units accessed in this
-   interval (``state.rate``) form a hot set about as large as the last one and overlapping it by
-   less than ``phase_jaccard`` after a regular run, this interval ranks by its rates rather than
+   interval (``state.rate``) form a hot set about as large and as hot (its reference at least
+   half the last one's) as the last one and overlapping it by less than ``phase_jaccard`` after
+   a regular run, this interval ranks by its rates rather than
    by decayed heat (which would keep the old hot set for another interval or two).
 
 Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
@@ -251,6 +252,7 @@ class Heuristic(Policy):
         super().__init__(config)
         self._prev_hot: np.ndarray | None = None  # sorted keys of the last hot set
         self._prev_hot_pages = 0
+        self._prev_ref = 0.0  # the last reference heat
         self._overlap: deque[float] = deque(maxlen=self.config.history)
         self._since_change = None  # calls since the last phase change, None if none seen
         self._thrash = 0.0  # moving average of the move-back fraction
@@ -286,7 +288,10 @@ class Heuristic(Policy):
         acc = np.flatnonzero(known & (rate > 0))
         if not len(acc):
             return False
-        order, _, _ = self._hot_order(rate, acc, fast)
+        decay = float(getattr(state, "decay", 0.5))
+        order, now_ref, _ = self._hot_order(rate / (1.0 - decay), acc, fast)
+        if now_ref < 0.5 * self._prev_ref:
+            return False  # not as hot as the last hot set: noise, or a read that missed it
         now_set = fill_budget(order, npages, cap)
         if int(npages[now_set].sum()) < 0.5 * self._prev_hot_pages:
             return False  # too few units accessed now (a short or partial read): no evidence
@@ -395,6 +400,7 @@ class Heuristic(Policy):
         keys = np.sort(unit_keys(state)[desired])
         pattern, jaccard, change = self._classify(keys)
         self._prev_hot_pages = int(npages[desired].sum())
+        self._prev_ref = ref
         if seen_now and not change:
             change = True
             pattern = "phased"

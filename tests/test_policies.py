@@ -541,3 +541,40 @@ def test_heuristic_throttle_engages_on_ping_pong():
     moved = sum(m for m, _, _ in late)
     backs = sum(p for _, p, _ in late)
     assert backs <= 0.01 * max(moved, 1) or backs <= 2, [(m, p) for m, p, _ in log]
+
+
+def test_heuristic_noise_read_is_not_a_phase_change():
+    """An interval in which the hot units show no rate (a read that missed them) and only noise
+    units do is not a phase change: the hot set stays where it is."""
+    n, hot = 256, 32
+    base = realistic_rates(n, hot, 3)
+
+    def rates(i):
+        r = base(i)
+        if i in (12, 20, 21):
+            r[:hot] = 0.0  # the hot units missed in this interval's read
+        return r
+
+    st, log = run_intervals(create("heuristic"), rates, budget=96 * 256, intervals=30)
+    assert (st.node[:hot] == FAST).all()
+    assert not any(s["ranked_by"] == "rate" for _, _, s in log)
+    assert sum(p for _, p, _ in log) == 0
+
+
+def test_heuristic_phase_change_acted_on_when_seen():
+    """The hot set moves to other units: the exchange happens in the interval the change is
+    seen, ranked by this interval's rates, not an interval or two later."""
+    n = 64
+
+    def rates(i):
+        r = np.full(n, 2.0)
+        if i < 10:
+            r[:16] = 1000.0
+        else:
+            r[16:32] = 1000.0
+        return r
+
+    st, log = run_intervals(create("heuristic"), rates, npages=1, budget=20, intervals=12,
+                            capacity=lambda s: 20)
+    assert log[10][2]["ranked_by"] == "rate" and log[10][2]["phase_change"]
+    assert (st.node[16:32] == FAST).all()

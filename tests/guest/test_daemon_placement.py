@@ -10,13 +10,14 @@ pages for the daemon.
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
+from pagetier.daemon import mover
 from pagetier.profiler import kmod
 from pagetier.workload import Workload, binary
 
@@ -50,17 +51,40 @@ def _node_free(node: int) -> int:
 def _summary(stats, ticks, stderr="") -> str:
     fr = [(round(t["t"]), t.get("phase"), t["fast_fraction"]) for t in ticks]
     moves = [(s["interval"], s["promoted"] >> 8, s["demoted"] >> 8, s["fast_used"] >> 20,
-              s.get("limit"), s.get("policy", {}).get("noise_floor"),
+              (s.get("fast_capacity") or 0) >> 20, s.get("limit"), s.get("policy", {}).get("noise_floor"),
               s.get("policy", {}).get("throttle_reasons"), s["ping_pongs"]) for s in stats]
     return (f"ticks (t, phase, fast_fraction): {fr}\n"
-            f"intervals (n, promoted MiB, demoted MiB, fast MiB, limit, noise floor, throttle, "
+            f"intervals (n, promoted MiB, demoted MiB, fast MiB, capacity MiB, limit, noise floor, throttle, "
             f"ping-pongs): {moves}\nstderr: {stderr[-2000:]}")
+
+
+def _has_freq() -> bool:
+    """Whether the kmod profiler gives a frequency estimate (Sample.freq): without one a unit
+    touched now and then cannot be told from a hot one (one count per scan: yes or no)."""
+    with Workload("--size", "8", "--hot", "8", "--duration", "0", "--quiet") as w:
+        prof = kmod.KmodProfiler(load=False)
+        try:
+            prof.attach(w.pid)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60:
+                time.sleep(1.2)
+                s = prof.read(w.pid)
+                if len(s) and (s.count > 0).any():
+                    if len(s.freq) != len(s):
+                        return False  # this module or profiler does not estimate it
+                    if (s.freq > 0).any():
+                        return True
+            return False
+        finally:
+            prof.close()
 
 
 def test_hot_set_holds_under_noise(env):
     """512 MiB with THP, 64 MiB hot, 100 of every million accesses anywhere, first touched on
     node 1, a 96 MiB budget: the hot set reaches the fast node and is still there at the end
     (it drained to 0% before: a count per interval made touched-once units tie with hot ones)."""
+    if not _has_freq():
+        pytest.skip("pagetier.ko gives no frequency estimate here: noise cannot be told apart")
     cmd = [*PAGETIER, "run", "--json", "--fast-budget", "96M", "--interval", "1",
            "--profiler", "kmod", "--", str(binary()), "--size", "512", "--hot", "64",
            "--noise-ppm", "100", "--start-node", "1", "--duration", "40"]
@@ -82,47 +106,48 @@ def test_hot_set_holds_under_noise(env):
 
 
 def test_exchange_when_the_node_is_fuller_than_the_budget(env):
-    """A hog leaves node 0 room for one 64 MiB hot window and a little more; the budget
-    (128 MiB) would hold two. When the hot window moves on, the daemon demotes the old one to
-    make room for the new (before: it stopped at the node's watermark with the new window part
-    promoted and the old one still fast), and the new window ends mostly on the fast node."""
-    w = Workload("--size", "192", "--hot", "64", "--start-node", "1", "--phase", "15",
+    """80 MiB of a program's cold memory sits on node 0, its 40 MiB hot part on node 1, and a
+    hog leaves node 0 little free memory; the 128 MiB budget would hold it all. The node, not
+    the budget, is the limit: the daemon demotes cold pages to make room for hot ones (before:
+    it promoted what fit above the watermark and stopped, the cold pages still fast), and the
+    hot part ends mostly on the fast node."""
+    w = Workload("--size", "120", "--hot", "40", "--hot-offset", "80", "--start-node", "1",
                  "--duration", "0", "--no-thp", "--wait")
-    hog = None
-    d = DaemonRun(["attach", str(w.pid), "--json", "--fast-budget", "128M", "--interval", "1"],
-                  env)
+    hog = d = None
     try:
+        cold = w.ready["addr"] + np.arange(80 * 256, dtype=np.uint64) * np.uint64(4096)
+        r = mover.move(w.pid, cold, 0)
+        assert len(r.moved) >= 0.95 * len(cold), f"cold part not placed on node 0: {r}"
+        d = DaemonRun(["attach", str(w.pid), "--json", "--fast-budget", "128M",
+                       "--interval", "1"], env)
         # the daemon's own memory is allocated by its first interval: size the hog after it
         d.wait_for(lambda: len(d.stats) >= 1, WAIT, "a first interval")
-        room_mb = 64 + 28
-        hog_mb = _node_free(0) // MIB - room_mb
+        hog_mb = _node_free(0) // MIB - 40
         if hog_mb < 64:
             pytest.skip(f"node 0 has only {_node_free(0) // MIB} MiB free")
         hog = Workload("--size", str(hog_mb), "--hot", "1", "--duration", "0", "--quiet",
                        "--no-thp", cmd_prefix=["numactl", "--preferred=0"])
         print(f"hog {hog_mb} MiB; node 0 free now {_node_free(0) // MIB} MiB")
         n0 = len(d.stats)
-        w.proc.send_signal(signal.SIGUSR1)  # accesses start: phase 0
+        w.proc.send_signal(signal.SIGUSR1)  # the accesses start
         deadline = time.monotonic() + WAIT
         while time.monotonic() < deadline:
             t = w.next_tick()
             assert t is not None, "workload ended early"
-            if t["phase"] >= 2:
+            if t["fast_fraction"] >= 0.9 and len(w.ticks) >= 3:
                 break
         ticks = list(w.ticks)
         stats = list(d.stats[n0:])
     finally:
-        if d.proc.poll() is None:
+        if d is not None and d.proc.poll() is None:
             d.stop()
         rc = w.stop()
         if hog is not None:
             hog.stop()
-    why = _summary(stats, ticks, d.stderr)
+    why = _summary(stats, ticks, d.stderr if d else "")
     print(why)
     assert rc == 0, "workload memory corrupted"
-    p1 = [t["fast_fraction"] for t in ticks if t["phase"] == 1 and t["fast_fraction"] >= 0]
-    assert p1, why
-    # an exchange: demotions and promotions in the same interval, once the window moved
     assert any(s["promoted"] and s["demoted"] for s in stats), "no exchange: " + why
-    assert max(p1) >= 0.9 and p1[-1] >= 0.8, "the new hot window did not get the fast node: " + why
+    assert any(s.get("limit") == "node" for s in stats), "the node was never the limit: " + why
+    assert ticks[-1]["fast_fraction"] >= 0.9, "the hot part did not get the fast node: " + why
     assert "Traceback" not in d.stderr
