@@ -2,9 +2,14 @@
 
 One interval (:meth:`Daemon.step`):
 
-1. each target's counts (``profiler.read(pid, reset=True)``) merged into the PageState;
+1. each target's counts (``profiler.read(pid, reset=True)``) merged into the PageState as
+   rates (accesses/s over the time since the target's last read, or the profiler's own
+   frequency estimate);
 2. units of unknown node looked up with ``mover.query_nodes``;
-3. the policy's Decision, given a Context with the fast budget and the rate limit in pages;
+3. the policy's Decision, given a Context with the fast budget, the rate limit in pages and
+   the fast capacity: what the fast node can hold for the targets (their units on it plus its
+   room above the high watermark). When that is below the budget the node is the limit, and
+   the policy exchanges: it demotes colder units to make room for hotter ones;
 4. demotions first (the policy's, then the daemon's own when the targets are over budget,
    coldest first), then the promotions that fit in the budget left and the rate left — the
    daemon enforces both whatever the policy returns;
@@ -15,7 +20,8 @@ One interval (:meth:`Daemon.step`):
    reclaims and retries page by page before it says ENOMEM);
    the fast budget counts the pages the daemon can move: fast pages the kernel refused to
    move (mapped by other processes too) are reported apart, as ``fast_unmovable``;
-6. a stats dict, printed as a JSON line (``--json``) or a short human line, and written to
+6. a stats dict (with ``limit``: the limit that kept wanted units off the fast node,
+   "budget", "node", "rate" or None), printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
 The first interval ends one interval after the start: a decision needs counts to rest on.
@@ -148,6 +154,7 @@ class Daemon:
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
         self._full: set[int] = set()  # nodes found full (ENOMEM, or no room above the watermark)
         self.zoneinfo = Path("/proc/zoneinfo")  # the fast node's watermarks
+        self._last_read: dict[int, float] = {}  # pid -> time of its last profiler read
 
     # ------------------------------------------------------------------ targets
     def _alive(self, pid: int) -> bool:
@@ -185,6 +192,7 @@ class Daemon:
         except Exception as e:  # the process is gone; the profiler may say so
             log.debug("detach %d: %s", pid, e)
         self.state.forget_target(pid)
+        self._last_read.pop(pid, None)
         log.info("pid %d %s: detached", pid, why)
 
     @staticmethod
@@ -275,6 +283,16 @@ class Daemon:
             left = limit - int(st.npages[demote].sum(dtype=np.int64))
             forced = _fit(cand[:k], st.npages, left)
         return demote, forced
+
+    def _promotion_limit(self, asked, promote, budget: int, limit: int, fast_used: int):
+        """Which of the daemon's limits cut the policy's promotions ``asked`` down to
+        ``promote``: "rate" or "budget", None when none did."""
+        st = self.state
+        asked = _unique_in_order(asked, len(st))
+        asked = asked[(st.node[asked] != self.cfg.fast_node) & ~st.stuck(asked)]
+        if len(promote) >= len(asked):
+            return None
+        return "rate" if limit < budget - fast_used else "budget"
 
     def plan_promotions(self, promote, budget: int, limit: int, fast_used: int) -> np.ndarray:
         """The policy's promotions, in its order, that fit in the budget and in ``limit``."""
@@ -381,6 +399,15 @@ class Daemon:
             st.node[sel] = np.where(nodes >= 0, nodes, -1).astype(np.int8)
 
     # ------------------------------------------------------------------ one interval
+    def _max_count(self, elapsed: float) -> int | None:
+        """The scans a read ``elapsed`` seconds after the last one can cover, for a profiler
+        that counts one access per unit per scan (kmod: ``node_lag_s`` is its scan period);
+        None when unknown. Without a frequency estimate counts are clipped to it."""
+        period = float(getattr(self.profiler, "node_lag_s", 0.0))
+        if period <= 0:
+            return None
+        return max(1, int(round(elapsed / period)))
+
     def read_target(self, pid: int) -> float:
         """Read ``pid``'s counts into the state and show them to the policy; the merge time."""
         try:
@@ -395,8 +422,12 @@ class Daemon:
             self.drop(pid, "could not be read")
             self.attach(pid, strict=False)
             return 0.0
+        t_read = time.monotonic()
+        elapsed = t_read - self._last_read.get(pid, t_read - self.cfg.interval)
+        self._last_read[pid] = t_read
         t_merge = time.process_time()
-        self.state.update(sample, trust_moves=self.trust_moves())
+        self.state.update(sample, trust_moves=self.trust_moves(), interval_s=self.cfg.interval,
+                          elapsed_s=max(elapsed, 1e-3), max_count=self._max_count(elapsed))
         merge_s = time.process_time() - t_merge
         self.policy.observe(pid, sample)
         return merge_s
@@ -423,8 +454,14 @@ class Daemon:
         # the budget is for pages the daemon can move; a policy counts every unit on the fast
         # node, so it sees the budget plus the fast pages the kernel refused to move
         unmovable = st.unmovable_on(cfg.fast_node)
+        # what the fast node can hold for the targets: their units on it plus its room above
+        # the high watermark (never less than they hold: the daemon does not demote to make
+        # room for other tenants). Below the budget, the node is the limit: the policy exchanges
+        room0 = self.fast_room_pages()
+        capacity = None if room0 is None else st.pages_on(cfg.fast_node) + max(0, room0)
         ctx = Context(fast_node=cfg.fast_node, slow_node=cfg.slow_node,
                       fast_budget=budget + unmovable if budget < 1 << 61 else budget,
+                      fast_capacity=capacity,
                       max_moves=limit, interval=st.interval, now=time.monotonic() - self._t0,
                       interval_s=cfg.interval)
         t_dec = time.process_time()
@@ -435,6 +472,7 @@ class Daemon:
                "nomem": 0, "gone": 0, "errors": {}}
         forget: list[np.ndarray] = []
         gone_pids: set[int] = set()
+        limit_hit = None  # which limit the daemon's own clipping hit
         demote, forced = self.plan_demotions(dec.demote, dec.promote, budget, limit)
         all_demote = np.concatenate([demote, forced])
         demoted_pages = int(st.npages[all_demote].sum(dtype=np.int64))
@@ -442,6 +480,8 @@ class Daemon:
         if cfg.dry_run:
             fast_used = st.movable_on(cfg.fast_node) - demoted_pages
             promote = self.plan_promotions(dec.promote, budget, limit - demoted_pages, fast_used)
+            limit_hit = self._promotion_limit(dec.promote, promote, budget, limit - demoted_pages,
+                                              fast_used)
             promoted_pages = int(st.npages[promote].sum(dtype=np.int64))
         else:
             ok = self._move(all_demote, cfg.slow_node, acc, forget, gone_pids)
@@ -451,11 +491,17 @@ class Daemon:
             if ok:  # not after ENOMEM
                 fast_used = st.movable_on(cfg.fast_node)
                 promote = self.plan_promotions(dec.promote, budget, limit - demoted_pages, fast_used)
+                limit_hit = self._promotion_limit(dec.promote, promote, budget,
+                                                  limit - demoted_pages, fast_used)
+                n_planned = len(promote)
+                # the room again, after the demotions (exchange: they made room for these)
                 room = self.fast_room_pages() if len(promote) else None
                 if room is not None:
                     if room <= 0:
                         self._node_full(cfg.fast_node, True, "free memory at its high watermark")
                     promote = _fit(promote, st.npages, room)
+                    if len(promote) < n_planned:
+                        limit_hit = "node"
                 self._move(promote, cfg.fast_node, acc, forget, gone_pids)
             promoted_pages = acc["moved_pages"]
         clipped = asked - len(demote) - len(promote)
@@ -493,6 +539,11 @@ class Daemon:
             "fast_used": fast_used_b,  # what counts against the budget
             "fast_unmovable": st.unmovable_on(cfg.fast_node) * PAGE_SIZE,  # outside the budget
             "budget": int(min(budget, 1 << 50)) * PAGE_SIZE,
+            # the fast memory the node can hold for the targets (None: unknown)
+            "fast_capacity": None if capacity is None else int(capacity) * PAGE_SIZE,
+            # the limit that kept wanted units off the fast node: "budget", "node" (the fast
+            # node's free memory), "rate", or None
+            "limit": limit_hit or dec.stats.get("limit"),
             "rate_pages": int(min(limit, 1 << 50)),
             "dry_run": cfg.dry_run,
             "errors": acc["errors"],

@@ -1,8 +1,25 @@
-"""Per-page state the daemon keeps, as numpy arrays (32 bytes per tracked unit).
+"""Per-page state the daemon keeps, as numpy arrays (36 bytes per tracked unit).
 
 A unit is a 4 KiB page or a 2 MiB huge mapping (npages 512). Units are kept sorted by
 ``key = (target << 48) | (addr >> 12)`` so that merging an interval's sample is a
 searchsorted, not a Python loop.
+
+The access signal is a rate, not a count: each sample gives every unit an estimated number of
+accesses per second (``Sample.rates``: the profiler's frequency estimate where it has one, else
+the interval's count over its length, which is about one per scan and so close to yes/no).
+
+- ``rate``: this interval's rate (accesses/s), 0 for a unit not accessed in it;
+- ``heat``: the decayed sum of the rates, ``heat = decay * heat + rate`` once per interval, so
+  a unit accessed at a steady rate r has heat r / (1 - decay) (2r with the default 0.5). Heat
+  is what every policy ranks by: with a real frequency signal a hot unit (hundreds to
+  thousands of accesses/s) and a unit touched now and then (a few/s) differ by orders of
+  magnitude in heat, where one count per interval made them tie. With one read per interval of
+  1 s and no frequency estimate, heat is what it was before rates: the decayed sum of counts.
+- ``count``: the raw accesses counted in the interval (summed over the interval's reads).
+
+A read that covers only part of an interval (the sentinel policy reads at layer boundaries)
+adds its rate weighted by the part of the interval it covers, so that several reads in one
+interval add up to the interval's rate.
 """
 from __future__ import annotations
 
@@ -20,7 +37,8 @@ F_UNMOVABLE = 4  # a move failed for good and none has succeeded since: outside 
 DTYPE = np.dtype(
     [
         ("addr", np.uint64),  # start address of the unit
-        ("heat", np.float32),  # decayed access count
+        ("heat", np.float32),  # decayed sum of rates (see above)
+        ("rate", np.float32),  # accesses/s in the current interval
         ("count", np.uint32),  # accesses in the last interval
         ("last_access", np.int32),  # interval of the last access, NEVER if none
         ("last_move", np.int32),  # interval of the last migration, NEVER if none
@@ -31,7 +49,7 @@ DTYPE = np.dtype(
         ("flags", np.uint8),
     ]
 )
-assert DTYPE.itemsize == 32
+assert DTYPE.itemsize == 36
 
 
 def _keys(target: int | np.ndarray, addr: np.ndarray) -> np.ndarray:
@@ -75,9 +93,19 @@ class PageState:
         self.interval += 1
         self.a["heat"] *= np.float32(self.decay)
         self.a["count"] = 0
+        self.a["rate"] = 0
 
-    def update(self, sample: Sample, trust_moves: int = 0) -> None:
+    def update(self, sample: Sample, trust_moves: int = 0, interval_s: float = 1.0,
+               elapsed_s: float | None = None, max_count: int | None = None) -> None:
         """Merge one target's sample for the current interval.
+
+        ``interval_s``: the daemon's interval; ``elapsed_s``: the time the sample covers (since
+        the target's previous read; default ``interval_s``). Its rates
+        (``sample.rates(elapsed_s)``) are added to ``rate`` and ``heat`` weighted by
+        ``min(1, elapsed_s / interval_s)``. ``max_count``: for a sample without a frequency
+        estimate, the most counts a unit can show in the time (the scans it covers): a count of
+        one per scan says accessed or not, and a unit that shows two because a second scan
+        passed it before the read is no hotter than one that shows one.
 
         A profiler observes nodes when it scans, which may be before the daemon's last move:
         for units moved within the last ``trust_moves`` intervals the node the daemon recorded
@@ -87,6 +115,13 @@ class PageState:
         order = np.argsort(sample.addr, kind="stable")
         addr = sample.addr[order].astype(np.uint64)
         count = sample.count[order]
+        elapsed = float(interval_s if elapsed_s is None else elapsed_s)
+        weight = np.float32(min(1.0, max(elapsed, 1e-6) / max(float(interval_s), 1e-6)))
+        if max_count is not None and len(sample.freq) != len(sample.addr):
+            clipped = np.minimum(sample.count, np.uint32(max(1, int(max_count))))
+            rate = (clipped[order] / max(elapsed, 1e-6)).astype(np.float32) * weight
+        else:
+            rate = sample.rates(elapsed)[order].astype(np.float32) * weight
         node = sample.node[order]
         npages = sample.npages[order]
         keys = _keys(t, addr)
@@ -102,13 +137,14 @@ class PageState:
             found = np.zeros(len(keys), bool)
         # existing units
         idx = pos[found]
-        self.a["count"][idx] = count[found]
-        self.a["heat"][idx] += count[found].astype(np.float32)
+        self.a["count"][idx] += count[found]
+        self.a["rate"][idx] += rate[found]
+        self.a["heat"][idx] += rate[found]
         recent = (self.interval - self.a["last_move"][idx].astype(np.int64)) < trust_moves
         self.a["node"][idx] = np.where(recent, self.a["node"][idx], node[found])
         self.a["npages"][idx] = npages[found]
         self.a["flags"][idx] |= np.uint8(F_PRESENT)
-        acc = idx[count[found] > 0]
+        acc = idx[(count[found] > 0) | (rate[found] > 0)]
         self.a["last_access"][acc] = self.interval
         # new units
         new = ~found
@@ -116,8 +152,9 @@ class PageState:
             n = np.zeros(int(new.sum()), DTYPE)
             n["addr"] = addr[new]
             n["count"] = count[new]
-            n["heat"] = count[new]
-            n["last_access"] = np.where(count[new] > 0, self.interval, NEVER)
+            n["rate"] = rate[new]
+            n["heat"] = rate[new]
+            n["last_access"] = np.where((count[new] > 0) | (rate[new] > 0), self.interval, NEVER)
             n["last_move"] = NEVER
             n["target"] = t
             n["npages"] = npages[new]

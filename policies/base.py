@@ -83,6 +83,11 @@ class Context:
     fast_node: int = 0
     slow_node: int = 1
     fast_budget: int = 0  # pages the targets may keep on the fast node
+    # pages the fast node can hold for the targets: their units on it now plus its room above
+    # the high watermark (None: unknown, no limit but the budget). Below fast_budget the node,
+    # not the budget, is the limit: a policy then exchanges (demotes to make room) rather than
+    # waits for room that will not come.
+    fast_capacity: int | None = None
     max_moves: int = 1 << 62  # pages the rate limit allows to move this interval
     interval: int = 0  # interval number (PageState.interval)
     now: float = 0.0  # seconds since the daemon started

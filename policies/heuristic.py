@@ -1,21 +1,46 @@
-"""The default policy: decayed heat, an adaptive hot threshold, watermarks and anti-thrashing.
+"""The default policy: rate-ranked placement with a noise floor, exchange under node pressure,
+watermarks, hysteresis, a thrashing throttle and phase detection.
 
-Each interval the policy
+The signal is ``state.heat``: the decayed sum of each unit's estimated accesses per second
+(daemon/state.py). Each interval the policy
 
-1. ranks units by decayed heat (``state.heat``) and takes the hottest ones that fit in
-   ``low_watermark * fast_budget`` pages, ignoring units colder than ``min_heat``: the heat of
-   the coldest unit taken is this interval's hot threshold, so the threshold adapts to the
-   budget instead of being a fixed number;
-2. promotes the units of that set that are not on the fast node yet, hottest first;
-3. demotes the coldest fast-node units when fast-node use passes ``high_watermark`` (down to
-   ``low_watermark``), and demotes more of them when a promotion needs room, but only units
-   colder than the promoted one by ``margin`` (promotion needs ``heat > victim * (1+margin)``);
-4. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis against
-   ping-pong; only an over-budget fast node may demote such units);
-5. throttles (moves ``throttle_scale`` of the rate limit) when the hot set is larger than the
-   budget or when units moved in the last ``thrash_window`` intervals are being moved back;
-6. classifies the access pattern from the overlap (Jaccard) of successive hot sets and
-   suggests an ``interval_scale`` for the daemon's pacing.
+1. takes the reference heat: the heat of the coldest of the hottest units that carry
+   ``ref_mass`` (90%) of all the heat. Units touched now and then carry a tiny share of the
+   accesses, so the reference is a hot unit's heat however many of them there are. Units colder
+   than ``noise_ratio`` times it (and than ``min_heat``) are noise: never promoted, so spare
+   budget is not filled with units that cannot be told from noise;
+2. ranks the rest by heat and takes the hottest that fit in the fast capacity it plans for:
+   ``low_watermark * fast_budget``, or less when the fast node itself cannot hold that much
+   (``Context.fast_capacity``: the targets' units on it plus its room above the high
+   watermark). The heat of the coldest unit taken is this interval's hot threshold;
+3. promotes the units of that set not on the fast node yet, hottest first, up to
+   ``high_watermark * fast_budget`` or the node's capacity, whichever is smaller;
+4. exchanges: when a promotion needs room (the budget or the node full), demotes the coldest
+   fast units, those outside the hot set first, but only for a unit measurably hotter:
+   promoted heat > victim heat * (1 + ``margin``) and at least ``gap_ratio`` times the
+   reference heat above it (two noise units never swap). Demotions come first in the plan and
+   the daemon moves them first, so the promotions find the room freed. The node limit never
+   makes the policy demote by itself (the daemon does not give memory to other tenants);
+   fast-node use above ``high_watermark * fast_budget`` is demoted down to ``low_watermark``;
+5. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis; only an
+   over-budget fast node may demote such units);
+6. throttles. A move-back is a move of a unit moved within ``thrash_window`` intervals; when
+   more than ``thrash_ratio`` of a plan's pages (or of their moving average) are move-backs,
+   units moved within ``thrash_window`` stay where they are for the next ``thrash_window``
+   intervals, and exchanges use ``throttle_scale`` of the rate limit. When the hot set is larger
+   than the fast capacity ("oversubscribed") exchanges are throttled the same way. Promotions
+   into free room are never throttled: they go in one large batch, up to the rate limit;
+7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
+   (``warmup``, ``stable``, ``phased``, ``irregular``) and suggests an ``interval_scale``. A
+   phase change is acted on in the interval it is seen: when the units accessed in this
+   interval (``state.rate``) form a hot set about as large and as hot (its reference at least
+   half the last one's) as the last one and overlapping it by less than ``phase_jaccard`` after
+   a regular run, this interval ranks by its rates rather than
+   by decayed heat (which would keep the old hot set for another interval or two).
+
+Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
+pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate" or None),
+``exchange``, ``noise_floor``, ``reference_heat``, the throttle's reasons and ``move_back_pages``.
 
 Everything is vectorized numpy; the policy keeps only the previous hot set's keys (sorted
 ``(target << 48) | (addr >> 12)``, so it survives units appearing and disappearing) and a few
@@ -84,6 +109,7 @@ def plan_moves(
     must: int = 0,
     max_moves: int,
     margin: float = 0.0,
+    gap: float = 0.0,
     n_room: int | None = None,
     passes: int = 4,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -96,7 +122,7 @@ def plan_moves(
     max_moves: pages that may move in all; n_room: how many leading victims may be evicted to
     make room for a promotion (default all; the rest serve only ``must``).
     A promotion that needs evictions is taken only if its rank exceeds every evicted victim's
-    rank times ``1 + margin``. Promotions are taken in order; a candidate that does not fit is
+    rank times ``1 + margin`` and by at least ``gap``. Promotions are taken in order; a candidate that does not fit is
     skipped and the next ones are tried, up to ``passes`` times.
 
     Returns (promote, demote) unit indices. Guarantees: demoted + promoted pages <=
@@ -114,7 +140,8 @@ def plan_moves(
     j0 = min(int(np.searchsorted(dc, max(0, int(must)), "left")), nv)
     j0 = min(j0, int(np.searchsorted(dc, max_moves, "right")) - 1)
     room_lim = max(j0, n_room)
-    vmax = np.maximum.accumulate(victim_rank[j0:].astype(np.float64) * (1.0 + margin))
+    vr = victim_rank[j0:].astype(np.float64)
+    vmax = np.maximum.accumulate(np.maximum(vr * (1.0 + margin), vr + float(gap)))
     j = j0
     moved = int(dc[j0])
     fast = int(used) - moved
@@ -167,7 +194,8 @@ def _jaccard_sorted(a: np.ndarray, b: np.ndarray) -> float:
 
 @register("heuristic")
 class Heuristic(Policy):
-    """Heat-ranked placement with watermarks, hysteresis and a thrashing throttle."""
+    """Rate-ranked placement with a noise floor, exchange under node pressure, watermarks,
+    hysteresis, a thrashing throttle and phase detection."""
 
     @dataclass
     class Config:
@@ -175,10 +203,13 @@ class Heuristic(Policy):
         high_watermark: float = 0.95  # fraction of the budget: above it, demote...
         low_watermark: float = 0.85  # ...down to this; the hot set is sized to it
         min_residency: int = 2  # intervals a moved unit stays where it was moved
-        margin: float = 0.25  # a swap needs promoted heat > victim heat * (1 + margin)
-        thrash_window: int = 8  # a move within this many intervals of the last is a move-back
-        thrash_ratio: float = 0.2  # move-backs / moves above which the policy throttles
-        throttle_scale: float = 0.25  # fraction of max_moves used while throttled
+        margin: float = 0.25  # a swap needs promoted heat > victim heat * (1 + margin)...
+        gap_ratio: float = 0.1  # ...and promoted - victim heat >= gap_ratio * reference heat
+        noise_ratio: float = 0.05  # colder than noise_ratio * reference heat: noise, not promoted
+        ref_mass: float = 0.9  # the reference heat: the coldest unit of those carrying this share
+        thrash_window: int = 4  # a move within this many intervals of the last is a move-back
+        thrash_ratio: float = 0.05  # move-backs / moves above which the policy throttles
+        throttle_scale: float = 0.25  # fraction of max_moves exchanges use while throttled
         history: int = 8  # intervals of hot-set overlap kept to classify the pattern
         regular_jaccard: float = 0.6  # mean overlap at or above it: a regular pattern
         phase_jaccard: float = 0.3  # overlap below it after a regular run: a phase change
@@ -198,6 +229,12 @@ class Heuristic(Policy):
                 bad("min_residency", "must be >= 0")
             if not self.margin >= 0:
                 bad("margin", "must be >= 0")
+            if not self.gap_ratio >= 0:
+                bad("gap_ratio", "must be >= 0")
+            if not 0 <= self.noise_ratio < 1:
+                bad("noise_ratio", "must be in [0, 1)")
+            if not 0 < self.ref_mass <= 1:
+                bad("ref_mass", "must be in (0, 1]")
             if self.thrash_window < self.min_residency:
                 bad("thrash_window", f"must be >= min_residency={self.min_residency}")
             if not 0 < self.thrash_ratio <= 1:
@@ -214,19 +251,67 @@ class Heuristic(Policy):
     def __init__(self, config=None):
         super().__init__(config)
         self._prev_hot: np.ndarray | None = None  # sorted keys of the last hot set
+        self._prev_hot_pages = 0
+        self._prev_ref = 0.0  # the last reference heat
         self._overlap: deque[float] = deque(maxlen=self.config.history)
         self._since_change = None  # calls since the last phase change, None if none seen
         self._thrash = 0.0  # moving average of the move-back fraction
+        self._throttle_until = None  # interval up to which the throttle holds
+
+    def _hot_order(self, score, cand, fast):
+        """(units of ``cand`` above the noise floor, hottest first with ties to fast residents;
+        reference heat; floor)."""
+        c = self.config
+        s = score[cand] * (1.0 + 1e-9 * fast[cand])
+        order = cand[np.argsort(-s, kind="stable")]
+        ranked = score[order]
+        ref = 0.0
+        if len(ranked):
+            cum = np.cumsum(ranked)
+            k = min(int(np.searchsorted(cum, c.ref_mass * cum[-1], "left")), len(ranked) - 1)
+            ref = float(ranked[k])
+        floor = max(c.min_heat, c.noise_ratio * ref)
+        # ranked is non-increasing up to the 1e-9 tie-break: the hot units are a prefix
+        n_hot = int(np.count_nonzero(ranked >= floor))
+        return order[:n_hot], ref, floor
+
+    def _rate_phase_change(self, state, rate, known, fast, npages, cap):
+        """Whether this interval's rates alone show a new hot set (a phase change seen now,
+        before decayed heat catches up): a regular history, a set of units accessed now about
+        as large as the last hot set, and little overlap with it."""
+        c = self.config
+        prev = self._prev_hot
+        if prev is None or not len(prev) or not self._overlap:
+            return False
+        if float(np.mean(self._overlap)) < c.regular_jaccard:
+            return False
+        acc = np.flatnonzero(known & (rate > 0))
+        if not len(acc):
+            return False
+        decay = float(getattr(state, "decay", 0.5))
+        order, now_ref, _ = self._hot_order(rate / (1.0 - decay), acc, fast)
+        if now_ref < 0.5 * self._prev_ref:
+            return False  # not as hot as the last hot set: noise, or a read that missed it
+        now_set = fill_budget(order, npages, cap)
+        if int(npages[now_set].sum()) < 0.5 * self._prev_hot_pages:
+            return False  # too few units accessed now (a short or partial read): no evidence
+        keys = np.sort(unit_keys(state)[now_set])
+        return _jaccard_sorted(keys, prev) < c.phase_jaccard
 
     def decide(self, state, ctx: Context) -> Decision:
         c = self.config
         now = int(state.interval)
-        heat = state.heat
+        heat = state.heat.astype(np.float64)
         node = state.node
         npages = state.npages.astype(np.int64)
         budget = max(0, int(ctx.fast_budget))
-        cap_low = int(budget * c.low_watermark)
-        cap_high = int(budget * c.high_watermark)
+        cap_b_low = int(budget * c.low_watermark)
+        cap_b_high = int(budget * c.high_watermark)
+        node_cap = None if ctx.fast_capacity is None else max(0, int(ctx.fast_capacity))
+        node_bound = node_cap is not None and node_cap < cap_b_high
+        # the node limits promotions only: the policy never demotes to give other tenants room
+        cap_low = cap_b_low if node_cap is None else min(cap_b_low, node_cap)
+        cap_high = cap_b_high if node_cap is None else min(cap_b_high, node_cap)
 
         known = node >= 0
         fast = node == ctx.fast_node
@@ -234,58 +319,91 @@ class Heuristic(Policy):
         last_move = state.last_move.astype(np.int64)
         moved_ever = last_move != NEVER
         recent = moved_ever & (now - last_move < c.min_residency)
-        within = moved_ever & (now - last_move < c.thrash_window)
+        within = moved_ever & (now - last_move <= c.thrash_window)
 
-        # 1. the hot set: hottest units fitting low_watermark * budget, ties to fast residents
-        hot = np.flatnonzero(known & (heat >= c.min_heat))
-        hot_pages = int(npages[hot].sum())
-        h64 = heat[hot].astype(np.float64)
-        order = hot[np.argsort(-(h64 * (1.0 + 1e-9 * fast[hot])), kind="stable")]
+        # 0. a phase change seen in this interval's rates: rank by them, not by decayed heat
+        score = heat
+        rate = state.rate.astype(np.float64) if "rate" in state.a.dtype.names else None
+        seen_now = False
+        if rate is not None and self._rate_phase_change(state, rate, known, fast, npages, cap_low):
+            decay = float(getattr(state, "decay", 0.5))
+            score = rate / (1.0 - decay) + 1e-6 * heat  # a steady rate's heat; heat breaks ties
+            seen_now = True
+
+        # 1. the hot set: units above the noise floor, hottest first, fitting cap_low
+        order, ref, floor = self._hot_order(score, np.flatnonzero(known & (score > 0)), fast)
+        hot_pages = int(npages[order].sum())
         desired = fill_budget(order, npages, cap_low)
         in_set = np.zeros(len(state), bool)
         in_set[desired] = True
-        threshold = float(heat[desired].min()) if len(desired) else None
+        threshold = float(score[desired].min()) if len(desired) else None
+        must = used - cap_b_low if used > cap_b_high else 0
+        gap = c.gap_ratio * ref
 
-        # 2. promotion candidates, hottest first; 3. victims, coldest non-hot first
-        pmask = in_set & ~fast & ~recent
-        promo = order[pmask[order]]
-        fidx = np.flatnonzero(fast)
-        fidx = fidx[np.lexsort((heat[fidx], in_set[fidx], recent[fidx]))]
-        n_room = int(np.count_nonzero(~recent[fidx]))
-        if used <= budget:
-            fidx = fidx[:n_room]  # hysteresis holds unless the budget is already exceeded
-        must = used - cap_low if used > cap_high else 0
+        # 5. throttles: oversubscription limits exchanges, move-backs freeze recent movers
+        oversubscribed = hot_pages > min(budget, node_cap if node_cap is not None else budget)
+        if self._throttle_until is not None and now > self._throttle_until:
+            self._throttle_until = None
 
-        # 5. throttle on oversubscription or move-backs
-        oversubscribed = hot_pages > budget
-        throttled_max = max(1, int(ctx.max_moves * c.throttle_scale)) if ctx.max_moves > 0 else 0
+        fast_idx = np.flatnonzero(fast)
+        fast_idx = fast_idx[np.argsort(score[fast_idx], kind="stable")]  # coldest first
 
-        def plan(max_moves):
+        def plan(freeze: bool, max_moves: int):
+            still = within if freeze else recent
+            pmask = in_set & ~fast & ~still
+            promo = order[pmask[order]]
+            # victims: units free to move first, then those not in the hot set, coldest first
+            group = (still[fast_idx].astype(np.int8) << 1) | in_set[fast_idx].astype(np.int8)
+            fidx = fast_idx[np.argsort(group, kind="stable")]
+            n_room = int(np.count_nonzero(~still[fidx]))
+            if used <= budget:
+                fidx = fidx[:n_room]  # hysteresis holds unless the budget is already exceeded
             p, d = plan_moves(
-                npages, promo, heat[promo], fidx, heat[fidx],
+                npages, promo, score[promo], fidx, score[fidx],
                 used=used, cap=cap_high, must=must, max_moves=max_moves,
-                margin=c.margin, n_room=n_room,
+                margin=c.margin, gap=gap, n_room=n_room,
             )
-            moves = np.concatenate([p, d])
-            pages = int(npages[moves].sum())
-            backs = int(npages[moves[within[moves]]].sum())
-            return p, d, pages, backs
+            # a move-back: a unit moved within thrash_window moved again
+            back = np.concatenate([p[within[p]], d[within[d]]])
+            pages = int(npages[p].sum()) + int(npages[d].sum())
+            return p, d, promo, pages, int(npages[back].sum())
 
+        max_moves = max(0, int(ctx.max_moves))
+        free_room = max(0, cap_high - used)
+        throttled_max = min(max_moves, max(int(max_moves * c.throttle_scale), free_room))
         reasons = []
         if oversubscribed:
             reasons.append("oversubscribed")
-        if self._thrash > c.thrash_ratio:
-            reasons.append("move-backs")
-        p, d, pages, backs = plan(throttled_max if reasons else ctx.max_moves)
-        if not reasons and pages and backs / pages > c.thrash_ratio:
-            reasons.append("move-backs")
-            p, d, pages, backs = plan(throttled_max)
+        p, d, promo, pages, backs = plan(False, max_moves)
         frac = backs / pages if pages else 0.0
         self._thrash = 0.5 * self._thrash + 0.5 * frac
+        if frac > c.thrash_ratio or self._thrash > c.thrash_ratio:
+            self._throttle_until = now + c.thrash_window
+        if self._throttle_until is not None:
+            reasons.append("move-backs")
+        if "move-backs" in reasons or (reasons and throttled_max < max_moves):
+            p, d, promo, pages, backs = plan("move-backs" in reasons, throttled_max)
+
+        # which limit kept desired units off the fast node
+        left = np.setdiff1d(promo, p, assume_unique=True)
+        off = order[~fast[order]]  # hot units still off the fast node after this decision
+        off = np.setdiff1d(off, p, assume_unique=True)
+        limit = None
+        if len(off):
+            moved = int(npages[p].sum()) + int(npages[d].sum())
+            if len(left) and moved + int(npages[left].min()) > (throttled_max if reasons else max_moves):
+                limit = "rate"
+            else:
+                limit = "node" if node_bound else "budget"
 
         # 6. access pattern from hot-set overlap
         keys = np.sort(unit_keys(state)[desired])
         pattern, jaccard, change = self._classify(keys)
+        self._prev_hot_pages = int(npages[desired].sum())
+        self._prev_ref = ref
+        if seen_now and not change:
+            change = True
+            pattern = "phased"
         scale = PHASE_CHANGE_SCALE if change else INTERVAL_SCALE[pattern]
         if reasons:
             scale = max(scale, THROTTLED_MIN_SCALE)
@@ -295,17 +413,23 @@ class Heuristic(Policy):
         stats = {
             "pattern": pattern,
             "phase_change": change,
+            "ranked_by": "rate" if seen_now else "heat",
             "jaccard": jaccard,
             "interval_scale": scale,
             "throttled": bool(reasons),
             "throttle_reasons": reasons,
+            "limit": limit,
             "hot_threshold": threshold,
+            "reference_heat": round(ref, 3),
+            "noise_floor": round(floor, 3),
             "hot_pages": hot_pages,
             "hot_set_pages": int(npages[desired].sum()),
+            "fast_capacity": node_cap,
             "fast_used": used,
             "fast_after": used + promoted - demoted,
             "promote_pages": promoted,
             "demote_pages": demoted,
+            "exchange": bool(promoted and demoted and not must),
             "move_back_pages": backs,
             "thrash": round(self._thrash, 4),
         }

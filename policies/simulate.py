@@ -288,7 +288,8 @@ def _placed(st: PageState, sample: Sample, placement: str, capacity: int) -> Sam
         cum = np.cumsum(np.asarray(sample.npages, np.int64)[new])
         node[new[cum <= room]] = FAST
     return Sample(pid=sample.pid, addr=addr, count=np.asarray(sample.count, np.uint32), node=node,
-                  npages=np.asarray(sample.npages, np.uint16), complete=sample.complete)
+                  npages=np.asarray(sample.npages, np.uint16), complete=sample.complete,
+                  freq=np.asarray(sample.freq, np.float32))
 
 
 def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,

@@ -786,3 +786,66 @@ def test_ping_pong_policy_flips_every_unit(tmp_path):
     assert [s["demoted"] for s in moved] == [0, 64, 0]
     d = make_daemon(tmp_path, policy="ping-pong", units=64, hot=8, budget="64K")
     assert d.step()["promoted"] == 16  # the budget still holds
+
+
+def test_exchange_when_the_node_not_the_budget_is_the_limit(tmp_path):
+    """The fast node has room for a little more than one of two alternating hot regions; the
+    budget would hold both. When the hot region changes, the daemon demotes the old one to make
+    room for the new (an exchange), the promotions fit the room freed, and the stats say the
+    node was the limit. Free memory follows the daemon's moves, as on a real node."""
+    node0 = tmp_path / "node" / "node0"
+    node0.mkdir(parents=True)
+    zoneinfo = tmp_path / "zoneinfo"
+    zoneinfo.write_text("Node 0, zone   Normal\n        high     256\n")  # 1 MiB
+    region = 512  # units of 4 KiB per region
+    base = 0x7f0000000000
+    addr = base + np.arange(2 * region, dtype=np.uint64) * np.uint64(4096)
+    phase = {"b": False}
+
+    def source(pid, i):
+        hot = np.zeros(2 * region, np.float32)
+        sl = slice(region, None) if phase["b"] else slice(0, region)
+        hot[sl] = 1000.0
+        from pagetier.profiler.base import Sample
+        return Sample(pid=pid, addr=addr, count=(hot > 0).astype(np.uint32),
+                      node=np.ones(2 * region, np.int16), npages=np.ones(2 * region, np.uint16),
+                      freq=hot)
+
+    prof = StubProfiler(source=source, track_moves=True)
+    d = make_daemon(tmp_path, policy="heuristic", budget="1G", node_root=tmp_path / "node")
+    d.profiler = prof
+    d.mover = StubMover(prof)
+    prof.attach(4242)
+    d.zoneinfo = zoneinfo
+    room = region + 100  # pages the node has above its high watermark + margin for the target
+
+    def free():
+        on_fast = d.state.pages_on(0) if len(d.state) else 0
+        mib = 2 + (room - on_fast) * 4096 / MIB  # high watermark 1 MiB + ROOM_MARGIN 1 MiB
+        node0.joinpath("meminfo").write_text(f"Node 0 MemTotal: 4194304 kB\n"
+                                             f"Node 0 MemFree: {int(mib * 1024)} kB\n")
+
+    orig_move = d.mover.move
+
+    def move(pid, addrs, node):  # free memory follows each move, as the kernel's would
+        r = orig_move(pid, addrs, node)
+        sign = -1 if node == 0 else 1
+        text = node0.joinpath("meminfo").read_text().split("MemFree: ")
+        kb = int(text[1].split()[0]) + sign * len(r.moved) * 4
+        node0.joinpath("meminfo").write_text(f"{text[0]}MemFree: {kb} kB\n")
+        return r
+
+    d.mover.move = move
+    free()
+    stats = [d.step() for _ in range(6)]
+    assert d.state.pages_on(0) == region  # region A on the fast node
+    phase["b"] = True
+    stats = [d.step() for _ in range(6)]
+    ex = [s for s in stats if s["promoted"] and s["demoted"]]
+    assert ex, [(s["promoted"], s["demoted"], s["limit"]) for s in stats]
+    assert ex[0]["policy"]["exchange"] and ex[0]["promoted"] == region
+    fast = np.asarray(d.state.node) == 0
+    assert fast[region:].all(), "region B not all on the fast node"
+    assert all(s["fast_capacity"] <= (room + 1) * 4096 for s in stats)
+    assert sum(s["ping_pongs"] for s in stats) == 0
+    print([(s["promoted"], s["demoted"], s["limit"], s["policy"]["ranked_by"]) for s in stats])

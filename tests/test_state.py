@@ -33,3 +33,29 @@ def test_moved_unit_keeps_the_daemons_node_until_the_profiler_catches_up():
     st.begin_interval()
     st.update(sample([0x1000, 0x2000], [1, 1], [1, 1]), trust_moves=2)  # a later scan rules
     assert list(st.node) == [1, 1]
+
+
+def test_heat_is_the_decayed_sum_of_rates():
+    """Heat follows the rate signal: the profiler's frequency estimate where it has one (a hot
+    unit and one touched now and then differ by orders of magnitude), else counts over the
+    time, clipped to the scans that time covers."""
+    st = PageState()
+    st.begin_interval()
+    s = sample([0x1000, 0x2000], [1, 1], [1, 1])
+    s.freq = np.array([5000.0, 2.0], np.float32)
+    st.update(s, interval_s=0.5)
+    assert list(st.rate) == [5000.0, 2.0] and list(st.heat) == [5000.0, 2.0]
+    st.begin_interval()
+    st.update(s, interval_s=0.5)
+    assert list(st.heat) == [7500.0, 3.0]
+    # no estimate: count / elapsed; a second scan inside the window is not twice the heat
+    st = PageState()
+    st.begin_interval()
+    st.update(sample([0x1000, 0x2000], [2, 1], [1, 1]), interval_s=0.5, max_count=1)
+    assert list(st.rate) == [2.0, 2.0]
+    # two reads in one interval (e.g. at layer boundaries) add up to the interval's rate
+    st = PageState()
+    st.begin_interval()
+    st.update(sample([0x1000], [3], [1]), interval_s=1.0, elapsed_s=0.5)
+    st.update(sample([0x1000], [1], [1]), interval_s=1.0, elapsed_s=0.5)
+    assert st.rate[0] == 4.0 and st.count[0] == 4
