@@ -25,8 +25,8 @@
 #include "pagetier.h"
 
 /* knobs (sysfs): windows per probe (0: no probes) and the shortest window's sleep */
-static unsigned int probe_windows = 4;
-static unsigned int probe_base_us = 1000;
+static unsigned int probe_windows = 5;
+static unsigned int probe_base_us = 250;
 #define PROBE_BASE_US_MIN 100
 #define PROBE_BASE_US_MAX 10000
 
