@@ -79,34 +79,51 @@ static bool fault_pmd(struct pagetier_target *t, struct vm_area_struct *vma, uns
 }
 
 /*
- * A probe arms by marking the unit inaccessible; the unit was accessed when its mark is gone
- * (the kernel's hinting-fault path restored it; the hook counted the fault). This reads the
- * page table rather than the hook's count so that a fault the hook does not see (6.1 skips the
- * hooked call for PTE-mapped huge pages) still counts as a hit.
+ * Probes, two ways (sysfs probe_fault_marks). By default, as abit mode does, with the Accessed
+ * bit: a unit the scan left marked is armed already, and a hinting fault restores it young; any
+ * other is armed by clearing the bit. No probe then costs the target a fault. With marks, a
+ * probe arms by marking the unit inaccessible, and it was accessed when its mark is gone (the
+ * kernel's hinting-fault path restored it; the hook counted the fault): every window costs a
+ * fault per hot unit. Either way the page table is read, not the hook's count, so that a fault
+ * the hook does not see (6.1 skips the hooked call for PTE-mapped huge pages) still counts.
  */
 static unsigned int fault_probe_pte(struct pagetier_target *t, struct vm_area_struct *vma,
 				    unsigned long addr, pte_t *ptep, bool test, bool arm)
 {
-	unsigned int ret = test && !pte_protnone(ptep_get(ptep)) ? PT_PROBE_HIT : 0;
+	bool marks = READ_ONCE(pagetier_probe_marks);
+	pte_t pte = ptep_get(ptep);
+	unsigned int ret = 0;
 
-	if (arm) {
+	if (test && !pte_protnone(pte) && (marks || pte_young(pte)))
+		ret |= PT_PROBE_HIT;
+	if (!arm)
+		return ret;
+	if (marks)
 		mark_pte(vma, addr, ptep);
-		if (pte_protnone(ptep_get(ptep)))
-			ret |= PT_PROBE_ARMED;
-	}
+	else if (!pte_protnone(pte))
+		clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)&ptep->pte);
+	if (!marks || pte_protnone(ptep_get(ptep)))
+		ret |= PT_PROBE_ARMED;
 	return ret;
 }
 
 static unsigned int fault_probe_pmd(struct pagetier_target *t, struct vm_area_struct *vma,
 				    unsigned long addr, pmd_t *pmdp, bool test, bool arm)
 {
-	unsigned int ret = test && !pmd_protnone(*pmdp) ? PT_PROBE_HIT : 0;
+	bool marks = READ_ONCE(pagetier_probe_marks);
+	pmd_t pmd = *pmdp;
+	unsigned int ret = 0;
 
-	if (arm) {
+	if (test && !pmd_protnone(pmd) && (marks || pmd_young(pmd)))
+		ret |= PT_PROBE_HIT;
+	if (!arm)
+		return ret;
+	if (marks)
 		mark_pmd(vma, addr, pmdp);
-		if (pmd_protnone(*pmdp))
-			ret |= PT_PROBE_ARMED;
-	}
+	else if (!pmd_protnone(pmd))
+		clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pmdp);
+	if (!marks || pmd_protnone(*pmdp))
+		ret |= PT_PROBE_ARMED;
 	return ret;
 }
 

@@ -156,8 +156,10 @@ bool pagetier_probe_enabled(const struct pagetier_target *t);
 void pagetier_probe_note(struct pagetier_probe_list *l, unsigned long index, bool huge);
 void pagetier_probe(struct pagetier_target *t, struct pagetier_probe_list *l);
 u32 pagetier_entry_freq(const struct pagetier_target *t, unsigned long v);
+extern unsigned int pagetier_probe_marks;
 extern struct kobj_attribute pagetier_probe_windows_attr;
 extern struct kobj_attribute pagetier_probe_base_us_attr;
+extern struct kobj_attribute pagetier_probe_fault_marks_attr;
 void pagetier_flush_range(struct mm_struct *mm, unsigned long start, unsigned long end);
 bool pagetier_page_is_plain_anon(struct page *page);
 

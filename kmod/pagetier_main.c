@@ -605,6 +605,7 @@ static struct attribute *pagetier_attrs[] = {
 	&max_targets_attr.attr,
 	&pagetier_probe_windows_attr.attr,
 	&pagetier_probe_base_us_attr.attr,
+	&pagetier_probe_fault_marks_attr.attr,
 	NULL,
 };
 

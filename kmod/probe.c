@@ -27,6 +27,8 @@
 /* knobs (sysfs): windows per probe (0: no probes) and the shortest window's sleep */
 static unsigned int probe_windows = 5;
 static unsigned int probe_base_us = 250;
+/* fault mode: probe with hinting marks (1) rather than the Accessed bit (0); see mode_fault.c */
+unsigned int pagetier_probe_marks;
 #define PROBE_BASE_US_MIN 100
 #define PROBE_BASE_US_MAX 10000
 
@@ -368,5 +370,18 @@ static ssize_t probe_base_us_store(struct kobject *kobj, struct kobj_attribute *
 	return probe_uint_store(buf, count, &probe_base_us, PROBE_BASE_US_MIN, PROBE_BASE_US_MAX);
 }
 
+static ssize_t probe_fault_marks_show(struct kobject *kobj, struct kobj_attribute *attr,
+				      char *buf)
+{
+	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_probe_marks));
+}
+
+static ssize_t probe_fault_marks_store(struct kobject *kobj, struct kobj_attribute *attr,
+				       const char *buf, size_t count)
+{
+	return probe_uint_store(buf, count, &pagetier_probe_marks, 0, 1);
+}
+
 struct kobj_attribute pagetier_probe_windows_attr = __ATTR_RW(probe_windows);
+struct kobj_attribute pagetier_probe_fault_marks_attr = __ATTR_RW(probe_fault_marks);
 struct kobj_attribute pagetier_probe_base_us_attr = __ATTR_RW(probe_base_us);

@@ -91,15 +91,16 @@ def run_freq(mode: str, thp: bool, noise_ppm: int, scans: int, period_ms: int) -
     from pagetier.profiler import kmod
     from pagetier.workload import Workload
 
-    knob = kmod.SYSFS / "probe_windows"
+    knob, marks = kmod.SYSFS / "probe_windows", kmod.SYSFS / "probe_fault_marks"
     windows = knob.read_text().strip()
+    marks.write_text("1" if mode == "fault-marks" else "0")
     args = ["--size", "256", "--hot", "32", "--duration", "0", "--quiet",
             "--noise-ppm", str(noise_ppm), *([] if thp else ["--no-thp"])]
     out = {"mode": mode, "thp": thp, "noise": noise_ppm}
     dev = kmod.Device()
     with Workload(*args) as w:
         hot_lo, hot_hi = w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"]
-        dev.attach(w.pid, mode, scan_period_ms=period_ms)
+        dev.attach(w.pid, mode.split("-")[0], scan_period_ms=period_ms)
         try:
             for phase, on in (("off", False), ("on", True)):
                 knob.write_text(windows if on else "0")
@@ -126,6 +127,7 @@ def run_freq(mode: str, thp: bool, noise_ppm: int, scans: int, period_ms: int) -
                     out[f"{key}_{phase}"] = tuple(float(np.mean(v)) for v in zip(*vals))
         finally:
             knob.write_text(windows)
+            marks.write_text("0")
             dev.detach(w.pid)
             dev.close()
         out["rc"] = w.stop()
@@ -144,21 +146,22 @@ def wait_scan(dev, pid: int, timeout: float = 120) -> dict:
     raise TimeoutError("no scan in time")
 
 
-def freq_table(scans: int, period_ms: int) -> bool:
+def freq_table(scans: int, period_ms: int, modes: list[str]) -> bool:
     import platform
 
     rows = [run_freq(m, thp, n, scans, period_ms)
-            for m in ("fault", "abit") for thp in (True, False) for n in FREQ_NOISE_PPM]
+            for m in modes for thp in (True, False) for n in FREQ_NOISE_PPM]
     print(f"\nfrequency probes on {platform.release()}: 256 MiB, 32 MiB hot, scan every "
           f"{period_ms} ms, {scans} periods per phase; top-k precision/recall per interval")
-    print(f"{'mode':<5} {'thp':<5} {'ppm':>5} {'count P/R':>11} {'freq P/R':>11} "
+    print(f"{'mode':<11} {'thp':<5} {'ppm':>5} {'count P/R':>11} {'freq P/R':>11} "
           f"{'cpu off':>9} {'cpu on':>9} {'ratio':>6} {'probe%':>6}")
     for r in rows:
-        print(f"{r['mode']:<5} {'on' if r['thp'] else 'off':<5} {r['noise']:>5} "
+        print(f"{r['mode']:<11} {'on' if r['thp'] else 'off':<5} {r['noise']:>5} "
               f"{r['count_on'][0]:>5.2f}/{r['count_on'][1]:<5.2f} "
               f"{r['freq_on'][0]:>5.2f}/{r['freq_on'][1]:<5.2f} "
               f"{r['cpu_off'] * 1e3:>8.1f}m {r['cpu_on'] * 1e3:>8.1f}m "
               f"{r['cpu_on'] / max(r['cpu_off'], 1e-12):>5.2f}x {r['probe_share_on'] * 100:>5.1f}%")
+    print("fault-marks: fault mode probing with hinting marks (probe_fault_marks 1)")
     print("cpu: module CPU seconds (scan + probes) per second per GiB tracked, in milli; ratio: "
           "probes on against off in the same run; probe%: the probes' share of it")
     return all(r["rc"] == 0 for r in rows)
@@ -173,6 +176,8 @@ def main() -> int:
     ap.add_argument("--freq-scans", type=int, default=4,
                     help="scan periods per phase of the frequency table (0: skip it)")
     ap.add_argument("--freq-period-ms", type=int, default=500)
+    ap.add_argument("--freq-modes", default="fault,abit",
+                    help="modes of the frequency table (fault, fault-marks, abit)")
     ap.add_argument("--skip-modes", action="store_true", help="only the frequency table")
     a = ap.parse_args()
     from pagetier import vm
@@ -183,7 +188,8 @@ def main() -> int:
         binary()
         res = vm.run(f"python scripts/bench_kmod.py --size-mb {a.size_mb} --seconds {a.seconds} "
                      f"--period-ms {a.period_ms} --freq-scans {a.freq_scans} "
-                     f"--freq-period-ms {a.freq_period_ms}{' --skip-modes' if a.skip_modes else ''}",
+                     f"--freq-period-ms {a.freq_period_ms} --freq-modes {a.freq_modes}"
+                     f"{' --skip-modes' if a.skip_modes else ''}",
                      kernel=a.kernel, fast="3G", slow="3G", echo=True)
         return 0 if res.ok else 1
     import platform
@@ -195,7 +201,7 @@ def main() -> int:
     if not a.skip_modes:
         ok = modes_table(a)
     if a.freq_scans:
-        ok = freq_table(a.freq_scans, a.freq_period_ms) and ok
+        ok = freq_table(a.freq_scans, a.freq_period_ms, a.freq_modes.split(",")) and ok
     kmod.unload_module()
     return 0 if ok else 1
 

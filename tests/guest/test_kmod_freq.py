@@ -35,22 +35,39 @@ def _units(rec: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return rec[(rec["addr"] >= lo) & (rec["addr"] < hi)]
 
 
+class _knob:
+    """Set /sys/kernel/pagetier/NAME for the duration of a with block."""
+
+    def __init__(self, name: str, value):
+        self.path, self.value = kmod.SYSFS / name, str(value)
+
+    def __enter__(self):
+        self.old = self.path.read_text().strip()
+        self.path.write_text(self.value)
+
+    def __exit__(self, *exc):
+        self.path.write_text(self.old)
+
+
 def _numa_balancing_off():
     with open("/proc/sys/kernel/numa_balancing") as f:
         assert f.read().strip() == "0"
 
 
-@pytest.mark.parametrize("mode", ["fault", "abit"])
+@pytest.mark.parametrize("mode", ["fault", "fault-marks", "abit"])
 @pytest.mark.parametrize("thp", [True, False], ids=["thp", "nothp"])
 def test_hot_unit_ranks_above_a_rarely_touched_one(dev, mode, thp):
     """Hot units (the workload's hot part) against cold units touched a few times a second
-    (--cold-rate): in one scan period, a hot unit's freq is above a touched cold unit's."""
+    (--cold-rate): in one scan period, a hot unit's freq is above a touched cold unit's.
+    fault-marks: fault mode probing with hinting marks instead of the Accessed bit."""
     _numa_balancing_off()
+    marks = mode == "fault-marks"
+    mode = "fault" if marks else mode
     cold_units = 28 if thp else 14336  # 56 MiB outside the 8 MiB hot part
     cold_rate = 280 if thp else 14336  # about 10/s per huge unit, 1/s per small page
     args = ["--size", "64", "--hot", "8", "--hot-offset", "16", "--duration", "0",
             "--cold-rate", str(cold_rate), *([] if thp else ["--no-thp"])]
-    with Workload(*args) as w:
+    with Workload(*args) as w, _knob("probe_fault_marks", int(marks)):
         dev.attach(w.pid, mode, scan_period_ms=PERIOD_MS)
         try:
             tick = w.next_tick()
@@ -85,18 +102,15 @@ def test_untouched_units_have_no_freq(dev, mode):
     _numa_balancing_off()
     args = ["--size", "32", "--hot", "4", "--hot-offset", "8", "--duration", "0", "--quiet",
             "--no-thp"]
-    knob = kmod.SYSFS / "probe_windows"
-    windows = knob.read_text().strip()
     with Workload(*args) as w:
         dev.attach(w.pid, mode, scan_period_ms=200)
         try:
             wait_scans(dev, w.pid, 3)
             rec = dev.read(w.pid)
-            knob.write_text("0")
-            wait_scans(dev, w.pid, 2)
-            off = dev.read(w.pid)
+            with _knob("probe_windows", 0):
+                wait_scans(dev, w.pid, 2)
+                off = dev.read(w.pid)
         finally:
-            knob.write_text(windows)
             dev.detach(w.pid)
         assert w.stop() == 0
     hot_lo, hot_hi = w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"]
@@ -110,12 +124,12 @@ def test_untouched_units_have_no_freq(dev, mode):
 
 @pytest.mark.parametrize("thp", [True, False], ids=["thp", "nothp"])
 def test_detach_after_probes_leaves_nothing_marked(dev, thp):
-    """Fault-mode probes mark the hot units again and again; a detach (at any point of a probe)
-    leaves no page inaccessible."""
+    """Fault-mode probes with marks mark the hot units again and again; a detach (at any point
+    of a probe) leaves no page inaccessible."""
     _numa_balancing_off()
     args = ["--size", "64", "--hot", "64", "--duration", "0", "--quiet",
             *([] if thp else ["--no-thp"])]
-    with Workload(*args) as w:
+    with Workload(*args) as w, _knob("probe_fault_marks", 1):
         dev.attach(w.pid, "fault", scan_period_ms=50)
         st = wait_scans(dev, w.pid, 3)
         dev.detach(w.pid)
@@ -128,3 +142,20 @@ def test_detach_after_probes_leaves_nothing_marked(dev, thp):
 
 def test_record_layout_has_freq(dev):
     assert dev.version()[3] == uapi.RECORD_T.itemsize and "freq" in uapi.RECORD_T.names
+
+
+def test_profiler_sample_carries_freq():
+    """KmodProfiler maps records' freq to Sample.freq, which Sample.rates() returns."""
+    with Workload("--size", "16", "--hot", "2", "--no-thp", "--duration", "0", "--quiet") as w:
+        prof = kmod.KmodProfiler(mode="abit", scan_period_ms=100)
+        try:
+            prof.attach(w.pid)
+            wait_scans(prof.dev, w.pid, 3)
+            sample = prof.read(w.pid)
+        finally:
+            prof.detach(w.pid)
+            prof.close()
+        assert w.stop() == 0
+    assert prof.has_freq and sample.freq.dtype == np.float32
+    assert len(sample.freq) == len(sample.addr) and sample.freq.max() > 0
+    assert np.array_equal(sample.rates(1.0), sample.freq)
