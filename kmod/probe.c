@@ -139,7 +139,7 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 	*lo = ULONG_MAX;
 	*hi = 0;
 	while (i < l->nr) {
-		unsigned long addr = (l->u[i] >> PT_PU_SHIFT) << PAGE_SHIFT, end;
+		unsigned long addr = (l->u[i] >> PT_PU_SHIFT) << PAGE_SHIFT, end, first_addr;
 		pte_t *pte, *start_pte;
 		spinlock_t *ptl;
 		pmd_t *pmd;
@@ -177,6 +177,7 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 				continue;
 			}
 			start_pte = pte - pte_index(addr);
+			first_addr = addr & PMD_MASK;
 			end = min(pmd_addr_end(addr, vma->vm_end), vma->vm_end);
 			do {
 				pte_t *p = start_pte + pte_index(addr);
@@ -191,7 +192,7 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 				if (i == l->nr)
 					break;
 				addr = (l->u[i] >> PT_PU_SHIFT) << PAGE_SHIFT;
-			} while (addr < end);
+			} while (addr >= first_addr && addr < end); /* the list is in address order */
 			pte_unmap_unlock(pte, ptl);
 		}
 		if (++batches % 32 == 0)
