@@ -6,6 +6,7 @@
 #define _PAGETIER_H
 
 #include <linux/atomic.h>
+#include <linux/kobject.h>
 #include <linux/list.h>
 #include <linux/mm.h>
 #include <linux/pid.h>
@@ -31,6 +32,13 @@ struct pagetier_target;
  *		mmap_lock held for read: undo every change the mode made to the page tables.
  * @unmark:	undo the mode's changes to the pages holding @addrs (mmap_lock held for read).
  *		Return: how many mappings changed. May be NULL (nothing to undo).
+ * @probe_pte:	one step of a frequency probe (probe.c) on a present PTE of a unit accessed in
+ *		the last period, page-table lock held. With @test, tell whether the unit was
+ *		accessed since the previous step armed it; with @arm, arm it for the next window
+ *		(abit: clear the Accessed bit; fault: make it inaccessible). The caller flushes
+ *		the TLB after an arming pass. Return: PT_PROBE_HIT and/or PT_PROBE_ARMED (the unit
+ *		is armed now). May be NULL: the mode cannot probe.
+ * @probe_pmd:	the same for a huge PMD mapping.
  */
 struct pagetier_mode_ops {
 	const char *name;
@@ -42,11 +50,21 @@ struct pagetier_mode_ops {
 	bool flush;
 	void (*detach)(struct pagetier_target *t);
 	unsigned long (*unmark)(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
+	unsigned int (*probe_pte)(struct pagetier_target *t, struct vm_area_struct *vma,
+				  unsigned long addr, pte_t *ptep, bool test, bool arm);
+	unsigned int (*probe_pmd)(struct pagetier_target *t, struct vm_area_struct *vma,
+				  unsigned long addr, pmd_t *pmdp, bool test, bool arm);
 };
+
+/* results of the probe ops */
+#define PT_PROBE_HIT 1U
+#define PT_PROBE_ARMED 2U
 
 /*
  * A tracked page's entry in the target's xarray (index: address >> PAGE_SHIFT), a value entry:
- * bits 0-31 access count, 32-41 node + 1 (0: unknown), 42 huge mapping, 43-50 scan generation.
+ * bits 0-31 access count, 32-41 node + 1 (0: unknown), 42 huge mapping, 43-50 scan generation,
+ * 51 seen (accessed since the previous scan, as far as faults or probe hits tell; read and
+ * cleared by the scan), 52-55 the last frequency probe's result (0: none, else 1 + windows hit).
  * XA_MARK_0 marks entries accessed since the last reset.
  */
 #define PT_COUNT_MASK 0xffffffffUL
@@ -56,6 +74,10 @@ struct pagetier_mode_ops {
 #define PT_GEN_SHIFT 43
 #define PT_GEN_MASK (0xffUL << PT_GEN_SHIFT)
 #define PT_ACCESSED XA_MARK_0
+#define PT_SEEN (1UL << 51)
+#define PT_PROBE_SHIFT 52
+#define PT_PROBE_MASK (0xfUL << PT_PROBE_SHIFT)
+#define PT_PROBE_MAX_WINDOWS 6
 
 struct pagetier_target {
 	struct list_head node; /* in pagetier_targets, RCU */
@@ -80,6 +102,15 @@ struct pagetier_target {
 	/* scratch of the scan in progress */
 	u32 ratio_now;
 	u64 marked_now;
+	/*
+	 * Frequency probes (probe.c), written by the scan work only; the READ path reads them
+	 * without a lock (a torn window length only skews one estimate).
+	 */
+	u8 probe_k;				 /* windows of the last complete probe */
+	u32 probe_win_us[PT_PROBE_MAX_WINDOWS]; /* their measured lengths, ascending */
+	u64 probe_ns;				 /* time spent probing (not sleeping), total */
+	u64 units_probed;			 /* units probed, total */
+	bool stopping; /* set before the scan work is cancelled: probes end at the next window */
 };
 
 /* core */
@@ -108,6 +139,27 @@ bool pagetier_vma_tracked(struct vm_area_struct *vma);
 void pagetier_walk_all(struct pagetier_walk *w);
 bool pagetier_walk_addr(struct pagetier_walk *w, unsigned long addr);
 int pagetier_scan(struct pagetier_target *t);
+
+/* probe.c */
+/**
+ * struct pagetier_probe_list - the units a scan found accessed: the probe's work list.
+ * @u:		per unit: index << PT_PU_SHIFT | hits << 2 | armed << 1 | huge, in address order.
+ * @nr:		units listed.
+ * @cap:	room in @u.
+ */
+struct pagetier_probe_list {
+	unsigned long *u;
+	unsigned int nr, cap;
+};
+#define PT_PU_SHIFT 8
+bool pagetier_probe_enabled(const struct pagetier_target *t);
+void pagetier_probe_note(struct pagetier_probe_list *l, unsigned long index, bool huge);
+void pagetier_probe(struct pagetier_target *t, struct pagetier_probe_list *l);
+u32 pagetier_entry_freq(const struct pagetier_target *t, unsigned long v);
+extern unsigned int pagetier_probe_marks;
+extern struct kobj_attribute pagetier_probe_windows_attr;
+extern struct kobj_attribute pagetier_probe_base_us_attr;
+extern struct kobj_attribute pagetier_probe_fault_marks_attr;
 void pagetier_flush_range(struct mm_struct *mm, unsigned long start, unsigned long end);
 bool pagetier_page_is_plain_anon(struct page *page);
 

@@ -80,7 +80,7 @@ void pagetier_count_access(struct pagetier_target *t, unsigned long index)
 		v = xa_to_value(entry);
 		if ((v & PT_COUNT_MASK) != PT_COUNT_MASK)
 			v++;
-		xas_store(&xas, xa_mk_value(v)); /* replaces a present entry: no allocation */
+		xas_store(&xas, xa_mk_value(v | PT_SEEN)); /* replaces a present entry: no allocation */
 		xas_set_mark(&xas, PT_ACCESSED);
 		atomic64_inc(&t->accesses);
 	}
@@ -266,6 +266,7 @@ err_pid:
 static void detach_target(struct pagetier_target *t)
 {
 	/* caller unlinked @t */
+	WRITE_ONCE(t->stopping, true); /* a scan work probing ends at its next window */
 	synchronize_rcu();
 	cancel_delayed_work_sync(&t->work);
 	target_free(t, true);
@@ -350,6 +351,7 @@ static long do_read(struct pagetier_read __user *arg)
 					.flags = PAGETIER_REC_PRESENT |
 						 ((v & PT_HUGE) ? PAGETIER_REC_HUGE : 0) |
 						 (acc ? PAGETIER_REC_ACCESSED : 0),
+					.freq = pagetier_entry_freq(t, v),
 				};
 				if (r.flags & PAGETIER_READ_RESET) {
 					xas_store(&xas, xa_mk_value(v & ~PT_COUNT_MASK));
@@ -409,6 +411,8 @@ static long do_stats(struct pagetier_stats __user *arg)
 			.faults = atomic64_read(&t->faults),
 			.accesses = atomic64_read(&t->accesses),
 			.scan_ns = READ_ONCE(t->scan_ns),
+			.probe_ns = READ_ONCE(t->probe_ns),
+			.units_probed = READ_ONCE(t->units_probed),
 		};
 	}
 	mutex_unlock(&targets_lock);
@@ -599,6 +603,9 @@ static struct attribute *pagetier_attrs[] = {
 	&targets_attr.attr,
 	&default_scan_period_ms_attr.attr,
 	&max_targets_attr.attr,
+	&pagetier_probe_windows_attr.attr,
+	&pagetier_probe_base_us_attr.attr,
+	&pagetier_probe_fault_marks_attr.attr,
 	NULL,
 };
 

@@ -174,6 +174,8 @@ struct pt_seen {
 struct scan_batch {
 	unsigned int n;
 	u64 tracked;
+	bool probing;
+	struct pagetier_probe_list probe; /* units accessed in the last period, for probe.c */
 	struct pt_seen seen[PTRS_PER_PTE];
 };
 
@@ -213,18 +215,28 @@ static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	b->seen[b->n++] = (struct pt_seen){ index, nid, true, acc };
 }
 
-static void record(struct pagetier_target *t, const struct pt_seen *s)
+/*
+ * Store what the scan saw of one unit. Return: true if the unit was accessed in the last period
+ * (its Accessed bit, or a fault or probe hit since the previous scan): the probes look at it.
+ */
+static bool record(struct pagetier_target *t, const struct pt_seen *s, bool probing)
 {
 	XA_STATE(xas, &t->pages, s->index);
 	unsigned long old, v;
+	bool listed;
 	void *entry;
 
 	do {
 		xas_lock(&xas);
 		entry = xas_load(&xas);
 		old = xa_is_value(entry) ? xa_to_value(entry) : 0;
-		v = (old & PT_COUNT_MASK) | ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) |
-		    (s->huge ? PT_HUGE : 0) | ((unsigned long)t->gen << PT_GEN_SHIFT);
+		listed = s->accessed || (old & PT_SEEN);
+		v = (old & (PT_COUNT_MASK | PT_PROBE_MASK)) |
+		    ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) | (s->huge ? PT_HUGE : 0) |
+		    ((unsigned long)t->gen << PT_GEN_SHIFT);
+		/* not accessed: no frequency; accessed: the last estimate stands until the probe's */
+		if (!listed || !probing)
+			v &= ~PT_PROBE_MASK;
 		if (s->accessed && (v & PT_COUNT_MASK) != PT_COUNT_MASK)
 			v++;
 		xas_store(&xas, xa_mk_value(v));
@@ -232,6 +244,7 @@ static void record(struct pagetier_target *t, const struct pt_seen *s)
 			xas_set_mark(&xas, PT_ACCESSED);
 		xas_unlock(&xas);
 	} while (xas_nomem(&xas, GFP_KERNEL));
+	return listed;
 }
 
 static void scan_unlocked(struct pagetier_walk *w)
@@ -240,7 +253,8 @@ static void scan_unlocked(struct pagetier_walk *w)
 	unsigned int i;
 
 	for (i = 0; i < b->n; i++) {
-		record(w->t, &b->seen[i]);
+		if (record(w->t, &b->seen[i], b->probing) && b->probing)
+			pagetier_probe_note(&b->probe, b->seen[i].index, b->seen[i].huge);
 		if (b->seen[i].accessed)
 			atomic64_inc(&w->t->accesses);
 	}
@@ -281,17 +295,20 @@ int pagetier_scan(struct pagetier_target *t)
 				   .t = t };
 	u64 t0 = ktime_get_ns();
 	u64 last_tracked = t->pages_tracked;
-
+	struct scan_batch *b;
 
 	if (!mmget_not_zero(t->mm))
 		return -ESRCH;
-	w.priv = kmalloc(sizeof(struct scan_batch), GFP_KERNEL);
-	if (!w.priv) {
+	b = kmalloc(sizeof(*b), GFP_KERNEL);
+	if (!b) {
 		mmput(t->mm);
 		return -ENOMEM;
 	}
-	((struct scan_batch *)w.priv)->n = 0;
-	((struct scan_batch *)w.priv)->tracked = 0;
+	w.priv = b;
+	b->n = 0;
+	b->tracked = 0;
+	b->probing = pagetier_probe_enabled(t);
+	b->probe = (struct pagetier_probe_list){};
 	/* a page budget turns into a sampling ratio that spreads the marks over the space */
 	t->ratio_now = max_t(u32, t->sample_ratio, 1);
 	if (t->page_budget && last_tracked > t->page_budget)
@@ -302,10 +319,13 @@ int pagetier_scan(struct pagetier_target *t)
 	pagetier_walk_all(&w);
 	mmap_read_unlock(t->mm);
 	mmput(t->mm);
-	t->pages_tracked = ((struct scan_batch *)w.priv)->tracked;
-	kfree(w.priv);
+	t->pages_tracked = b->tracked;
 	drop_stale(t);
-	t->scans++;
 	t->scan_ns += ktime_get_ns() - t0;
+	/* then, over the units accessed in the last period only, the frequency probes */
+	pagetier_probe(t, &b->probe);
+	kvfree(b->probe.u);
+	kfree(b);
+	t->scans++; /* a reader waiting for this scan finds its frequencies too */
 	return 0;
 }

@@ -104,7 +104,9 @@ struct pagetier_stats {
 	__u64 faults;	      /* fault mode: hinting faults counted */
 	__u64 accesses;	      /* accesses counted, total */
 	__u64 scan_ns;	      /* time spent scanning, total */
-	__u64 reserved[4];
+	__u64 probe_ns;	      /* from 0.3: time spent in frequency probes (not their sleeps), total */
+	__u64 units_probed;   /* from 0.3: units the frequency probes measured, total */
+	__u64 reserved[2];
 };
 
 /*
