@@ -221,8 +221,9 @@ void pagetier_walk_all(struct pagetier_walk *w)
 	struct mm_struct *mm = w->t->mm;
 	unsigned long start = w->cursor, from, stop;
 	struct vm_area_struct *vma;
-	VMA_ITERATOR(vmi, mm, start);
+	struct vma_iterator vmi;
 
+	vma_iter_init(&vmi, mm, start);
 	w->cursor = 0;
 	for_each_vma(vmi, vma) {
 		if (!pagetier_vma_tracked(vma))
