@@ -11,6 +11,7 @@
 #include <linux/ktime.h>
 #include <linux/pgtable.h>
 #include <linux/sched/mm.h>
+#include <linux/string.h>
 
 #include "pagetier.h"
 
@@ -90,33 +91,58 @@ static bool walk_spent(const struct pagetier_walk *w)
 	return w->budget && w->entries + WALK_PRESENT_COST * w->units >= w->budget;
 }
 
+/*
+ * How many of the @n entries of @size bytes from @p on are all zero (empty), found with
+ * memchr_inv's word-at-a-time loop: the common case in the tables of a sparse mapping. An entry
+ * that is not all zero is left to the caller's own check. The tables above the PTE level are
+ * read without their lock here, as the kernel's walkers do: an entry filled meanwhile is seen by
+ * the next scan.
+ */
+static unsigned long zero_run(const void *p, unsigned long n, size_t size)
+{
+	const u8 *nz = memchr_inv(p, 0, n * size);
+
+	return nz ? (nz - (const u8 *)p) / size : n;
+}
+
 static void walk_ptes(struct pagetier_walk *w, struct vm_area_struct *vma, pmd_t *pmd,
 		      unsigned long addr, unsigned long end)
 {
+	unsigned long i, nr = (end - addr) >> PAGE_SHIFT;
 	spinlock_t *ptl;
-	pte_t *pte, *start_pte;
+	pte_t *pte;
 
-	start_pte = pte = pt_map_lock(vma->vm_mm, pmd, addr, &ptl);
+	pte = pt_map_lock(vma->vm_mm, pmd, addr, &ptl);
 	if (!pte)
 		return;
-	w->entries += (end - addr) >> PAGE_SHIFT;
-	for (; addr < end; addr += PAGE_SIZE, pte++) {
-		if (pte_present(ptep_get(pte))) {
-			w->pte(w, vma, addr, pte);
+	w->entries += nr;
+	for (i = zero_run(pte, nr, sizeof(*pte)); i < nr;
+	     i += 1 + zero_run(pte + i + 1, nr - i - 1, sizeof(*pte))) {
+		if (pte_present(ptep_get(pte + i))) {
+			w->pte(w, vma, addr + (i << PAGE_SHIFT), pte + i);
 			w->units++;
 		}
 	}
-	pte_unmap_unlock(start_pte, ptl);
+	pte_unmap_unlock(pte, ptl);
 }
 
 static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *vma, pud_t *pud,
 			       unsigned long addr, unsigned long end)
 {
 	pmd_t *pmd = pmd_offset(pud, addr), pmdval;
-	unsigned long next;
+	unsigned long next, skip;
 	spinlock_t *ptl;
 
 	for (; addr < end; pmd++, addr = next) {
+		skip = zero_run(pmd, ((end - 1) >> PMD_SHIFT) - (addr >> PMD_SHIFT) + 1,
+				sizeof(*pmd));
+		if (skip) {
+			w->entries += skip;
+			pmd += skip;
+			addr = (addr & PMD_MASK) + skip * PMD_SIZE;
+			if (addr >= end)
+				break;
+		}
 		next = pmd_addr_end(addr, end);
 		w->entries++;
 		pmdval = READ_ONCE(*pmd);
