@@ -5,7 +5,11 @@ multi-TiB address space. Short versions run by default; the long ones are marked
 soft lockup, lockdep)."""
 from __future__ import annotations
 
+import ctypes
 import errno
+import mmap
+import os
+import random
 import subprocess
 import threading
 import time
@@ -16,6 +20,7 @@ import pytest
 
 from pagetier import uapi
 from pagetier.profiler import kmod
+from pagetier.workload import binary
 
 from helpers import fresh_module, wait_scans
 
@@ -85,12 +90,7 @@ def test_exec_race(helper):
     exec_race(helper, 6.0)
 
 
-@pytest.mark.long
-def test_exec_race_long(helper):
-    exec_race(helper, 600.0)
-
-
-def exec_race(helper_exe: str, seconds: float) -> None:
+def exec_race(helper_exe: str, seconds: float, alone: bool = True) -> None:
     until = time.monotonic_ns() + int(seconds * 1e9)
     target = subprocess.Popen([helper_exe, "exec", str(until)], stdout=subprocess.PIPE, text=True)
     stop = threading.Event()
@@ -151,7 +151,93 @@ def exec_race(helper_exe: str, seconds: float) -> None:
     assert target.returncode == 0, out
     assert int(out.split()[0]) > 1, "the target never called execve"
     assert calls["attach"] > 0 and calls["read"] > 0
-    assert (kmod.SYSFS / "targets").read_text() == ""
+    if alone:
+        assert (kmod.SYSFS / "targets").read_text() == ""
+
+
+@pytest.mark.long
+def test_hazards_together(helper):
+    """The exec race, a churning target attached and detached in both modes with reads, and
+    random ioctls (the fuzzer's pids: the two targets, its own and bad ones), all at once for
+    PAGETIER_HAZARDS_S seconds (default 1800; scripts/hardening.sh runs it)."""
+    seconds = float(os.environ.get("PAGETIER_HAZARDS_S", "1800"))
+    churn = subprocess.Popen([str(binary("churn")), str(seconds)], stdout=subprocess.PIPE, text=True)
+    own, _ = _span(helper, 16 << 20, 4096, 1024)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    counts = {"churn cycles": 0, "fuzz calls": 0}
+    pids: list[int] = [churn.pid, own.pid, 0, 999_999, 2**31 - 1]
+
+    def churner():
+        dev = kmod.Device()
+        try:
+            while not stop.is_set() and churn.poll() is None:
+                try:
+                    dev.attach(churn.pid, ("fault", "abit")[counts["churn cycles"] % 2],
+                               scan_period_ms=10)
+                    time.sleep(0.02)
+                    dev.read(churn.pid, reset=True)
+                    dev.detach(churn.pid)
+                    counts["churn cycles"] += 1
+                except kmod.KmodError as e:
+                    if e.errno not in (errno.ESRCH, errno.EBUSY):
+                        raise
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+        finally:
+            dev.close()
+
+    def fuzzer():
+        rng = random.Random(1717)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+        dev = kmod.Device()
+        arena = mmap.mmap(-1, 2 << 20)
+        buf = (ctypes.c_char * (1 << 20)).from_buffer(arena)
+        rec = ctypes.addressof(buf) + (512 << 10)
+        valid = [uapi.IOC_VERSION, uapi.IOC_ATTACH, uapi.IOC_DETACH, uapi.IOC_READ,
+                 uapi.IOC_STATS, uapi.IOC_UNMARK]
+        allowed = {0, errno.ENOTTY, errno.EINVAL, errno.EFAULT, errno.ESRCH, errno.EBUSY,
+                   errno.EACCES, errno.ENOSPC, errno.ENOMEM}
+        try:
+            while not stop.is_set():
+                cmd = rng.choice(valid) if rng.random() < 0.9 else rng.getrandbits(32)
+                words = np.frombuffer(buf, np.uint64, 16)
+                words[:] = [rng.choice([0, 1, 64, rng.getrandbits(32)]) for _ in range(16)]
+                words[0] = rng.choice(pids) | (rng.choice([0, 1, 2]) << 32)
+                if cmd in (uapi.IOC_READ, uapi.IOC_UNMARK):
+                    words[1] = rng.choice([rec, 0, 8, 0xFFFF_8880_0000_0000])
+                    words[2] = rng.choice([0, 1, 64, 1000])  # records or addresses: fit
+                ret = libc.ioctl(dev.fd, cmd, ctypes.c_void_p(ctypes.addressof(buf)))
+                e = ctypes.get_errno() if ret < 0 else 0
+                assert ret in (0, -1) and e in allowed, (hex(cmd), ret, e)
+                counts["fuzz calls"] += 1
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+        finally:
+            dev.close()
+
+    others = [threading.Thread(target=f) for f in (churner, fuzzer)]
+    for th in others:
+        th.start()
+    try:
+        exec_race(helper, seconds, alone=False)
+    finally:
+        stop.set()
+        for th in others:
+            th.join(120)
+        out, _ = churn.communicate(timeout=120)
+        _stop(own)
+    print(f"together: {seconds:.0f} s, {counts}; churn says {out.strip()}")
+    assert not errors, errors
+    assert churn.returncode == 0, out
+    dev = kmod.Device()
+    for line in filter(None, (kmod.SYSFS / "targets").read_text().split("\n")):
+        try:  # the fuzzer may have attached a target the others did not detach since
+            dev.detach(int(line.split()[0]))
+        except kmod.KmodError as e:
+            assert e.errno == errno.ESRCH
+    dev.close()
 
 
 # --- a reader stalled in its own user memory ------------------------------------------------
