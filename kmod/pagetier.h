@@ -7,14 +7,21 @@
 
 #include <linux/atomic.h>
 #include <linux/kobject.h>
+#include <linux/kref.h>
 #include <linux/list.h>
 #include <linux/mm.h>
 #include <linux/pid.h>
+#include <linux/rwsem.h>
 #include <linux/version.h>
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
 
 #include "include/uapi/linux/pagetier.h"
+
+/* Kbuild refuses other architectures with a message; this catches builds that bypass it. */
+#ifndef CONFIG_X86_64
+#error "pagetier.ko supports x86-64 only (see docs/kmod.md)"
+#endif
 
 struct pagetier_target;
 
@@ -79,29 +86,70 @@ struct pagetier_mode_ops {
 #define PT_PROBE_MASK (0xfUL << PT_PROBE_SHIFT)
 #define PT_PROBE_MAX_WINDOWS 6
 
+/**
+ * struct pagetier_target - one tracked process.
+ *
+ * Lifetime: counted by @ref. The list of targets holds one reference from ATTACH until the
+ * target is unlinked (DETACH, the close of @owner, the target's exit, rmmod). An ioctl looks a
+ * target up under targets_lock, takes a reference, drops the lock and only then works on it, so
+ * no ioctl holds the global lock across user memory or a target's mmap_lock. Whoever unlinks a
+ * target waits for an RCU grace period (the fault hook finds targets under RCU) and stops its
+ * scan work before dropping the list's reference; the last reference frees the counts, drops
+ * @mm and frees the target.
+ *
+ * Locking, field by field:
+ * @node:	on pagetier_targets: changed under targets_lock, read under it or under RCU.
+ * @linked:	whether @node is on the list (whoever clears it owns the list's reference);
+ *		targets_lock.
+ * @ref:	the reference count.
+ * @pid, @owner, @spid, @ops, @scan_period_ms, @sample_ratio, @page_budget:
+ *		set before the target is published, constant afterwards.
+ * @mm:		the address space tracked, mmgrab()bed. Written only by the scan work when the
+ *		target calls execve, under @mm_lock held for write. Any other user of the mm holds
+ *		@mm_lock for read as long as it uses it (UNMARK, detach's restore), so the mm it
+ *		locks, walks, unlocks and puts is one; the fault hook and ATTACH's duplicate check
+ *		only compare the pointer, under RCU, with READ_ONCE.
+ * @mm_lock:	see @mm; taken before the mm's mmap_lock, never inside it.
+ * @exec_gen:	bumped with each change of @mm (under @mm_lock held for write): a READ that
+ *		copied records out resets their counts only if it is unchanged.
+ * @pages:	the counts (see PT_*), under their own xa_lock. Emptied when @mm changes.
+ * @work:	the scan; queued by ATTACH and by itself, cancelled by whoever unlinks the target.
+ * Scan state (@gen, @ratio_now, @marked_now, @tracked_now, @cursor, @pass_started):
+ *		the scan work's own; no one else touches them.
+ * Statistics (@scans, @pages_tracked, @pages_marked, @scan_ns, @walk_entries, @scan_resumes):
+ *		written by the scan work only, read locklessly with READ_ONCE; @faults and
+ *		@accesses are atomic.
+ */
 struct pagetier_target {
-	struct list_head node; /* in pagetier_targets, RCU */
+	struct list_head node;
+	bool linked;
+	struct kref ref;
 	pid_t pid;
 	const struct file *owner; /* the descriptor that attached it; closing it detaches */
 	struct pid *spid;
-	struct mm_struct *mm; /* mmgrab()bed */
 	const struct pagetier_mode_ops *ops;
 	u32 scan_period_ms;
 	u32 sample_ratio;
 	u64 page_budget;
-	struct delayed_work work;
+	struct mm_struct *mm;
+	struct rw_semaphore mm_lock;
+	unsigned long exec_gen;
 	struct xarray pages;
-	u8 gen; /* scan generation */
-	/* stats */
-	u64 scans;
+	struct delayed_work work;
+	/* the scan's own */
+	u8 gen; /* scan generation: a pass stamps every entry it sees */
+	u32 ratio_now;
+	u64 marked_now;
+	u64 tracked_now;
+	unsigned long cursor; /* where a pass cut short by the budget resumes */
+	bool pass_started;
+	/* statistics */
+	u64 scans; /* complete passes */
 	u64 pages_tracked;
 	u64 pages_marked;
 	atomic64_t faults;
 	atomic64_t accesses;
 	u64 scan_ns;
-	/* scratch of the scan in progress */
-	u32 ratio_now;
-	u64 marked_now;
 	/*
 	 * Frequency probes (probe.c), written by the scan work only; the READ path reads them
 	 * without a lock (a torn window length only skews one estimate).
@@ -111,10 +159,13 @@ struct pagetier_target {
 	u64 probe_ns;				 /* time spent probing (not sleeping), total */
 	u64 units_probed;			 /* units probed, total */
 	bool stopping; /* set before the scan work is cancelled: probes end at the next window */
+	u64 walk_entries; /* page-table entries examined by scans */
+	u64 scan_resumes; /* periods that ended at the budget, the pass resuming later */
 };
 
 /* core */
 extern struct list_head pagetier_targets;
+extern unsigned int pagetier_scan_budget; /* sysfs scan_budget: page-table entries per period */
 void pagetier_count_access(struct pagetier_target *t, unsigned long index);
 struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
 
@@ -124,7 +175,14 @@ struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
  * @pte:	called for each present PTE of a tracked VMA, page-table lock held.
  * @pmd:	called for each huge PMD of a tracked VMA, PMD lock held.
  * @unlocked:	called after each page table's lock is released (may sleep); may be NULL.
+ * @t:		the target; the walk covers t->mm (the caller holds t->mm_lock or is its scan).
  * @priv:	the caller's.
+ * @cursor:	in: the address pagetier_walk_all() starts at (0: the lowest VMA); out: where a
+ *		walk cut short by @budget resumes, 0 when it covered every VMA.
+ * @budget:	work the walk may do before it stops (0: no limit), in page-table entries
+ *		examined, a present one counting as several (walk.c's WALK_PRESENT_COST).
+ * @entries:	out: page-table entries examined, at every level.
+ * @units:	out: present PTEs and huge PMDs handed to @pte and @pmd.
  */
 struct pagetier_walk {
 	void (*pte)(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
@@ -134,6 +192,10 @@ struct pagetier_walk {
 	void (*unlocked)(struct pagetier_walk *w);
 	struct pagetier_target *t;
 	void *priv;
+	unsigned long cursor;
+	unsigned long budget;
+	unsigned long entries;
+	unsigned long units;
 };
 bool pagetier_vma_tracked(struct vm_area_struct *vma);
 void pagetier_walk_all(struct pagetier_walk *w);
