@@ -3,6 +3,7 @@
  * abit mode: each scan tests and clears the Accessed bit of every present PTE (or huge PMD) and
  * counts the scans in which it was set. No faults; cheaper and less exact than fault mode. The
  * scan flushes the TLB for what it cleared: a cached translation does not set the bit again.
+ * Frequency probes clear and test the same bit over short windows.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -26,10 +27,37 @@ static bool abit_pmd(struct pagetier_target *t, struct vm_area_struct *vma, unsi
 	return test_and_clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pmdp);
 }
 
+/* A probe arms by clearing the Accessed bit and tests whether the CPU set it again. */
+static unsigned int abit_probe(unsigned long *word, bool test, bool arm)
+{
+	bool young = arm ? test_and_clear_bit(_PAGE_BIT_ACCESSED, word) :
+			   test_bit(_PAGE_BIT_ACCESSED, word);
+
+	return (test && young ? PT_PROBE_HIT : 0) | (arm ? PT_PROBE_ARMED : 0);
+}
+
+static unsigned int abit_probe_pte(struct pagetier_target *t, struct vm_area_struct *vma,
+				   unsigned long addr, pte_t *ptep, bool test, bool arm)
+{
+	if (pte_protnone(ptep_get(ptep)))
+		return 0;
+	return abit_probe((unsigned long *)&ptep->pte, test, arm);
+}
+
+static unsigned int abit_probe_pmd(struct pagetier_target *t, struct vm_area_struct *vma,
+				   unsigned long addr, pmd_t *pmdp, bool test, bool arm)
+{
+	if (pmd_protnone(*pmdp))
+		return 0;
+	return abit_probe((unsigned long *)pmdp, test, arm);
+}
+
 const struct pagetier_mode_ops pagetier_abit_ops = {
 	.name = "abit",
 	.mode = PAGETIER_MODE_ABIT,
 	.pte = abit_pte,
 	.pmd = abit_pmd,
 	.flush = true,
+	.probe_pte = abit_probe_pte,
+	.probe_pmd = abit_probe_pmd,
 };

@@ -23,12 +23,12 @@
 #define HINT_FN "numa_migrate_prep"
 #endif
 
-static bool fault_pte(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
-		      pte_t *ptep, bool sample)
+/* Make an anonymous PTE inaccessible with the hinting encoding (page-table lock held). */
+static bool mark_pte(struct vm_area_struct *vma, unsigned long addr, pte_t *ptep)
 {
 	pte_t old = ptep_get(ptep), new;
 
-	if (!sample || pte_protnone(old) || !vma_is_anonymous(vma) ||
+	if (pte_protnone(old) || !vma_is_anonymous(vma) ||
 	    !pagetier_page_is_plain_anon(pte_page(old)))
 		return false;
 	/* atomically, so that no Accessed or Dirty bit set meanwhile is lost */
@@ -37,18 +37,16 @@ static bool fault_pte(struct pagetier_target *t, struct vm_area_struct *vma, uns
 	if (pte_write(old))
 		new = pt_pte_mkwrite(new); /* kept across PROT_NONE, as the kernel's own marker does */
 	set_pte_at(vma->vm_mm, addr, ptep, new);
-	t->pages_marked++;
-	t->marked_now++;
-	return false;
+	return true;
 }
 
-static bool fault_pmd(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
-		      pmd_t *pmdp, bool sample)
+/* The same for a huge PMD (its lock held). */
+static bool mark_pmd(struct vm_area_struct *vma, unsigned long addr, pmd_t *pmdp)
 {
 	pmd_t old = *pmdp, new;
 
 	/* plain anon also rules out the huge zero page */
-	if (!sample || pmd_protnone(old) || !vma_is_anonymous(vma) ||
+	if (pmd_protnone(old) || !vma_is_anonymous(vma) ||
 	    !pagetier_page_is_plain_anon(pmd_page(old)))
 		return false;
 	/* never none in between: MADV_DONTNEED checks PMDs without the lock */
@@ -57,9 +55,76 @@ static bool fault_pmd(struct pagetier_target *t, struct vm_area_struct *vma, uns
 	if (pmd_write(old))
 		new = pt_pmd_mkwrite(new);
 	set_pmd_at(vma->vm_mm, addr, pmdp, new);
-	t->pages_marked++;
-	t->marked_now++;
+	return true;
+}
+
+static bool fault_pte(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
+		      pte_t *ptep, bool sample)
+{
+	if (sample && mark_pte(vma, addr, ptep)) {
+		t->pages_marked++;
+		t->marked_now++;
+	}
 	return false;
+}
+
+static bool fault_pmd(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
+		      pmd_t *pmdp, bool sample)
+{
+	if (sample && mark_pmd(vma, addr, pmdp)) {
+		t->pages_marked++;
+		t->marked_now++;
+	}
+	return false;
+}
+
+/*
+ * Probes, two ways (sysfs probe_fault_marks). By default, as abit mode does, with the Accessed
+ * bit: a unit the scan left marked is armed already, and a hinting fault restores it young; any
+ * other is armed by clearing the bit. No probe then costs the target a fault. With marks, a
+ * probe arms by marking the unit inaccessible, and it was accessed when its mark is gone (the
+ * kernel's hinting-fault path restored it; the hook counted the fault): every window costs a
+ * fault per hot unit. Either way the page table is read, not the hook's count, so that a fault
+ * the hook does not see (6.1 skips the hooked call for PTE-mapped huge pages) still counts.
+ */
+static unsigned int fault_probe_pte(struct pagetier_target *t, struct vm_area_struct *vma,
+				    unsigned long addr, pte_t *ptep, bool test, bool arm)
+{
+	bool marks = READ_ONCE(pagetier_probe_marks);
+	pte_t pte = ptep_get(ptep);
+	unsigned int ret = 0;
+
+	if (test && !pte_protnone(pte) && (marks || pte_young(pte)))
+		ret |= PT_PROBE_HIT;
+	if (!arm)
+		return ret;
+	if (marks)
+		mark_pte(vma, addr, ptep);
+	else if (!pte_protnone(pte))
+		clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)&ptep->pte);
+	if (!marks || pte_protnone(ptep_get(ptep)))
+		ret |= PT_PROBE_ARMED;
+	return ret;
+}
+
+static unsigned int fault_probe_pmd(struct pagetier_target *t, struct vm_area_struct *vma,
+				    unsigned long addr, pmd_t *pmdp, bool test, bool arm)
+{
+	bool marks = READ_ONCE(pagetier_probe_marks);
+	pmd_t pmd = *pmdp;
+	unsigned int ret = 0;
+
+	if (test && !pmd_protnone(pmd) && (marks || pmd_young(pmd)))
+		ret |= PT_PROBE_HIT;
+	if (!arm)
+		return ret;
+	if (marks)
+		mark_pmd(vma, addr, pmdp);
+	else if (!pmd_protnone(pmd))
+		clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pmdp);
+	if (!marks || pmd_protnone(*pmdp))
+		ret |= PT_PROBE_ARMED;
+	return ret;
 }
 
 static void restore_pte(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
@@ -124,6 +189,8 @@ const struct pagetier_mode_ops pagetier_fault_ops = {
 	.flush = true,
 	.detach = fault_detach,
 	.unmark = fault_unmark,
+	.probe_pte = fault_probe_pte,
+	.probe_pmd = fault_probe_pmd,
 };
 
 /* --- the hinting-fault hook --- */

@@ -6,14 +6,22 @@
 #define _PAGETIER_H
 
 #include <linux/atomic.h>
+#include <linux/kobject.h>
+#include <linux/kref.h>
 #include <linux/list.h>
 #include <linux/mm.h>
 #include <linux/pid.h>
+#include <linux/rwsem.h>
 #include <linux/version.h>
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
 
 #include "include/uapi/linux/pagetier.h"
+
+/* Kbuild refuses other architectures with a message; this catches builds that bypass it. */
+#ifndef CONFIG_X86_64
+#error "pagetier.ko supports x86-64 only (see docs/kmod.md)"
+#endif
 
 struct pagetier_target;
 
@@ -31,6 +39,13 @@ struct pagetier_target;
  *		mmap_lock held for read: undo every change the mode made to the page tables.
  * @unmark:	undo the mode's changes to the pages holding @addrs (mmap_lock held for read).
  *		Return: how many mappings changed. May be NULL (nothing to undo).
+ * @probe_pte:	one step of a frequency probe (probe.c) on a present PTE of a unit accessed in
+ *		the last period, page-table lock held. With @test, tell whether the unit was
+ *		accessed since the previous step armed it; with @arm, arm it for the next window
+ *		(abit: clear the Accessed bit; fault: make it inaccessible). The caller flushes
+ *		the TLB after an arming pass. Return: PT_PROBE_HIT and/or PT_PROBE_ARMED (the unit
+ *		is armed now). May be NULL: the mode cannot probe.
+ * @probe_pmd:	the same for a huge PMD mapping.
  */
 struct pagetier_mode_ops {
 	const char *name;
@@ -42,11 +57,21 @@ struct pagetier_mode_ops {
 	bool flush;
 	void (*detach)(struct pagetier_target *t);
 	unsigned long (*unmark)(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
+	unsigned int (*probe_pte)(struct pagetier_target *t, struct vm_area_struct *vma,
+				  unsigned long addr, pte_t *ptep, bool test, bool arm);
+	unsigned int (*probe_pmd)(struct pagetier_target *t, struct vm_area_struct *vma,
+				  unsigned long addr, pmd_t *pmdp, bool test, bool arm);
 };
+
+/* results of the probe ops */
+#define PT_PROBE_HIT 1U
+#define PT_PROBE_ARMED 2U
 
 /*
  * A tracked page's entry in the target's xarray (index: address >> PAGE_SHIFT), a value entry:
- * bits 0-31 access count, 32-41 node + 1 (0: unknown), 42 huge mapping, 43-50 scan generation.
+ * bits 0-31 access count, 32-41 node + 1 (0: unknown), 42 huge mapping, 43-50 scan generation,
+ * 51 seen (accessed since the previous scan, as far as faults or probe hits tell; read and
+ * cleared by the scan), 52-55 the last frequency probe's result (0: none, else 1 + windows hit).
  * XA_MARK_0 marks entries accessed since the last reset.
  */
 #define PT_COUNT_MASK 0xffffffffUL
@@ -56,34 +81,91 @@ struct pagetier_mode_ops {
 #define PT_GEN_SHIFT 43
 #define PT_GEN_MASK (0xffUL << PT_GEN_SHIFT)
 #define PT_ACCESSED XA_MARK_0
+#define PT_SEEN (1UL << 51)
+#define PT_PROBE_SHIFT 52
+#define PT_PROBE_MASK (0xfUL << PT_PROBE_SHIFT)
+#define PT_PROBE_MAX_WINDOWS 6
 
+/**
+ * struct pagetier_target - one tracked process.
+ *
+ * Lifetime: counted by @ref. The list of targets holds one reference from ATTACH until the
+ * target is unlinked (DETACH, the close of @owner, the target's exit, rmmod). An ioctl looks a
+ * target up under targets_lock, takes a reference, drops the lock and only then works on it, so
+ * no ioctl holds the global lock across user memory or a target's mmap_lock. Whoever unlinks a
+ * target waits for an RCU grace period (the fault hook finds targets under RCU) and stops its
+ * scan work before dropping the list's reference; the last reference frees the counts, drops
+ * @mm and frees the target.
+ *
+ * Locking, field by field:
+ * @node:	on pagetier_targets: changed under targets_lock, read under it or under RCU.
+ * @linked:	whether @node is on the list (whoever clears it owns the list's reference);
+ *		targets_lock.
+ * @ref:	the reference count.
+ * @pid, @owner, @spid, @ops, @scan_period_ms, @sample_ratio, @page_budget:
+ *		set before the target is published, constant afterwards.
+ * @mm:		the address space tracked, mmgrab()bed. Written only by the scan work when the
+ *		target calls execve, under @mm_lock held for write. Any other user of the mm holds
+ *		@mm_lock for read as long as it uses it (UNMARK, detach's restore), so the mm it
+ *		locks, walks, unlocks and puts is one; the fault hook and ATTACH's duplicate check
+ *		only compare the pointer, under RCU, with READ_ONCE.
+ * @mm_lock:	see @mm; taken before the mm's mmap_lock, never inside it.
+ * @exec_gen:	bumped with each change of @mm (under @mm_lock held for write): a READ that
+ *		copied records out resets their counts only if it is unchanged.
+ * @pages:	the counts (see PT_*), under their own xa_lock. Emptied when @mm changes.
+ * @work:	the scan; queued by ATTACH and by itself, cancelled by whoever unlinks the target.
+ * Scan state (@gen, @ratio_now, @marked_now, @tracked_now, @cursor, @pass_started):
+ *		the scan work's own; no one else touches them.
+ * Statistics (@scans, @pages_tracked, @pages_marked, @scan_ns, @walk_entries, @scan_resumes):
+ *		written by the scan work only, read locklessly with READ_ONCE; @faults and
+ *		@accesses are atomic.
+ */
 struct pagetier_target {
-	struct list_head node; /* in pagetier_targets, RCU */
+	struct list_head node;
+	bool linked;
+	struct kref ref;
 	pid_t pid;
 	const struct file *owner; /* the descriptor that attached it; closing it detaches */
 	struct pid *spid;
-	struct mm_struct *mm; /* mmgrab()bed */
 	const struct pagetier_mode_ops *ops;
 	u32 scan_period_ms;
 	u32 sample_ratio;
 	u64 page_budget;
-	struct delayed_work work;
+	struct mm_struct *mm;
+	struct rw_semaphore mm_lock;
+	unsigned long exec_gen;
 	struct xarray pages;
-	u8 gen; /* scan generation */
-	/* stats */
-	u64 scans;
+	struct delayed_work work;
+	/* the scan's own */
+	u8 gen; /* scan generation: a pass stamps every entry it sees */
+	u32 ratio_now;
+	u64 marked_now;
+	u64 tracked_now;
+	unsigned long cursor; /* where a pass cut short by the budget resumes */
+	bool pass_started;
+	/* statistics */
+	u64 scans; /* complete passes */
 	u64 pages_tracked;
 	u64 pages_marked;
 	atomic64_t faults;
 	atomic64_t accesses;
 	u64 scan_ns;
-	/* scratch of the scan in progress */
-	u32 ratio_now;
-	u64 marked_now;
+	/*
+	 * Frequency probes (probe.c), written by the scan work only; the READ path reads them
+	 * without a lock (a torn window length only skews one estimate).
+	 */
+	u8 probe_k;				 /* windows of the last complete probe */
+	u32 probe_win_us[PT_PROBE_MAX_WINDOWS]; /* their measured lengths, ascending */
+	u64 probe_ns;				 /* time spent probing (not sleeping), total */
+	u64 units_probed;			 /* units probed, total */
+	bool stopping; /* set before the scan work is cancelled: probes end at the next window */
+	u64 walk_entries; /* page-table entries examined by scans */
+	u64 scan_resumes; /* periods that ended at the budget, the pass resuming later */
 };
 
 /* core */
 extern struct list_head pagetier_targets;
+extern unsigned int pagetier_scan_budget; /* sysfs scan_budget: page-table entries per period */
 void pagetier_count_access(struct pagetier_target *t, unsigned long index);
 struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
 
@@ -93,7 +175,14 @@ struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
  * @pte:	called for each present PTE of a tracked VMA, page-table lock held.
  * @pmd:	called for each huge PMD of a tracked VMA, PMD lock held.
  * @unlocked:	called after each page table's lock is released (may sleep); may be NULL.
+ * @t:		the target; the walk covers t->mm (the caller holds t->mm_lock or is its scan).
  * @priv:	the caller's.
+ * @cursor:	in: the address pagetier_walk_all() starts at (0: the lowest VMA); out: where a
+ *		walk cut short by @budget resumes, 0 when it covered every VMA.
+ * @budget:	work the walk may do before it stops (0: no limit), in page-table entries
+ *		examined, a present one counting as several (walk.c's WALK_PRESENT_COST).
+ * @entries:	out: page-table entries examined, at every level.
+ * @units:	out: present PTEs and huge PMDs handed to @pte and @pmd.
  */
 struct pagetier_walk {
 	void (*pte)(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
@@ -103,11 +192,36 @@ struct pagetier_walk {
 	void (*unlocked)(struct pagetier_walk *w);
 	struct pagetier_target *t;
 	void *priv;
+	unsigned long cursor;
+	unsigned long budget;
+	unsigned long entries;
+	unsigned long units;
 };
 bool pagetier_vma_tracked(struct vm_area_struct *vma);
 void pagetier_walk_all(struct pagetier_walk *w);
 bool pagetier_walk_addr(struct pagetier_walk *w, unsigned long addr);
 int pagetier_scan(struct pagetier_target *t);
+
+/* probe.c */
+/**
+ * struct pagetier_probe_list - the units a scan found accessed: the probe's work list.
+ * @u:		per unit: index << PT_PU_SHIFT | hits << 2 | armed << 1 | huge, in address order.
+ * @nr:		units listed.
+ * @cap:	room in @u.
+ */
+struct pagetier_probe_list {
+	unsigned long *u;
+	unsigned int nr, cap;
+};
+#define PT_PU_SHIFT 8
+bool pagetier_probe_enabled(const struct pagetier_target *t);
+void pagetier_probe_note(struct pagetier_probe_list *l, unsigned long index, bool huge);
+void pagetier_probe(struct pagetier_target *t, struct pagetier_probe_list *l);
+u32 pagetier_entry_freq(const struct pagetier_target *t, unsigned long v);
+extern unsigned int pagetier_probe_marks;
+extern struct kobj_attribute pagetier_probe_windows_attr;
+extern struct kobj_attribute pagetier_probe_base_us_attr;
+extern struct kobj_attribute pagetier_probe_fault_marks_attr;
 void pagetier_flush_range(struct mm_struct *mm, unsigned long start, unsigned long end);
 bool pagetier_page_is_plain_anon(struct page *page);
 

@@ -21,16 +21,26 @@
 
 #include "pagetier.h"
 
+/*
+ * targets_lock guards the list of targets (pagetier_targets, nr_targets, each target's node and
+ * linked) and nothing else: it is held only to look a target up and take a reference, or to add
+ * or unlink one, never across user memory, a target's mmap_lock or a walk. The fault hook reads
+ * the list under RCU. Each target's own fields are documented with struct pagetier_target.
+ */
 LIST_HEAD(pagetier_targets);
-static DEFINE_MUTEX(targets_lock); /* writers of pagetier_targets; readers of a target's pages */
-static struct workqueue_struct *scan_wq;
+static DEFINE_MUTEX(targets_lock);
 static unsigned int nr_targets;
+static struct workqueue_struct *scan_wq;
 
 /* knobs (sysfs), with safe bounds */
 static unsigned int default_scan_period_ms = 1000;
 static unsigned int max_targets = 64;
+/* per scan period, in page-table entries examined (a present one counts more); 0: no limit */
+unsigned int pagetier_scan_budget = 1U << 23;
 #define MAX_TARGETS_LIMIT 4096
+#define SCAN_BUDGET_MIN 4096
 #define READ_CHUNK 256
+#define UNMARK_BATCH 4096 /* addresses unmarked under one hold of the target's mmap_lock */
 
 static const struct pagetier_mode_ops *mode_ops(u32 mode)
 {
@@ -55,7 +65,7 @@ struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm)
 	struct pagetier_target *t;
 
 	list_for_each_entry_rcu(t, &pagetier_targets, node) {
-		if (t->mm == mm)
+		if (READ_ONCE(t->mm) == mm)
 			return t;
 	}
 	return NULL;
@@ -80,7 +90,7 @@ void pagetier_count_access(struct pagetier_target *t, unsigned long index)
 		v = xa_to_value(entry);
 		if ((v & PT_COUNT_MASK) != PT_COUNT_MASK)
 			v++;
-		xas_store(&xas, xa_mk_value(v)); /* replaces a present entry: no allocation */
+		xas_store(&xas, xa_mk_value(v | PT_SEEN)); /* replaces a present entry: no allocation */
 		xas_set_mark(&xas, PT_ACCESSED);
 		atomic64_inc(&t->accesses);
 	}
@@ -99,32 +109,48 @@ static struct pagetier_target *find_pid_locked(pid_t pid)
 	return NULL;
 }
 
-/* Free a target already off the list, its scan stopped. */
-static void target_free(struct pagetier_target *t, bool restore)
+/* The last reference is gone: nothing else can reach @t. */
+static void target_release(struct kref *ref)
 {
-	if (restore && t->ops->detach && mmget_not_zero(t->mm)) {
-		mmap_read_lock(t->mm);
-		t->ops->detach(t);
-		mmap_read_unlock(t->mm);
-		mmput(t->mm);
-	}
+	struct pagetier_target *t = container_of(ref, struct pagetier_target, ref);
+
 	xa_destroy(&t->pages);
 	mmdrop(t->mm);
 	put_pid(t->spid);
 	kfree(t);
 }
 
-/* Take @t off the list; the caller then owns it. */
+static void target_put(struct pagetier_target *t)
+{
+	kref_put(&t->ref, target_release);
+}
+
+/* The target attached for @pid, with a reference the caller puts; or NULL. */
+static struct pagetier_target *target_get(pid_t pid)
+{
+	struct pagetier_target *t;
+
+	mutex_lock(&targets_lock);
+	t = find_pid_locked(pid);
+	if (t)
+		kref_get(&t->ref);
+	mutex_unlock(&targets_lock);
+	return t;
+}
+
+/* Take @t off the list; the caller then owns the list's reference. */
 static void target_unlink_locked(struct pagetier_target *t)
 {
 	lockdep_assert_held(&targets_lock);
 	list_del_rcu(&t->node);
+	t->linked = false;
 	nr_targets--;
 }
 
 /*
  * The target's address space is gone: if the process lives on, it called execve. Follow it to
- * its new address space, with fresh counts. Return: true if the target now tracks that one.
+ * its new address space, with fresh counts. Runs in the scan work, the only writer of t->mm.
+ * Return: true if the target now tracks that one.
  */
 static bool follow_exec(struct pagetier_target *t)
 {
@@ -142,17 +168,48 @@ static bool follow_exec(struct pagetier_target *t)
 	}
 	mmgrab(mm);
 	mmput(mm);
+	down_write(&t->mm_lock);
 	WRITE_ONCE(t->mm, mm); /* the fault hook only compares this pointer */
+	t->exec_gen++;
 	xa_destroy(&t->pages);
-	t->pages_tracked = 0;
+	up_write(&t->mm_lock);
+	t->pass_started = false;
+	WRITE_ONCE(t->pages_tracked, 0);
 	mmdrop(old);
 	pr_debug("pid %d called execve; following it\n", t->pid);
 	return true;
 }
 
+/* Unlinked by someone else: wait until the fault hook and the scan are done with @t. */
+static void target_quiesce(struct pagetier_target *t)
+{
+	WRITE_ONCE(t->stopping, true); /* a scan work probing ends at its next window */
+	synchronize_rcu();
+	cancel_delayed_work_sync(&t->work);
+}
+
+/* Undo every change the mode made to the target's page tables, if its address space lives. */
+static void target_restore(struct pagetier_target *t)
+{
+	struct mm_struct *mm;
+
+	if (!t->ops->detach)
+		return;
+	down_read(&t->mm_lock);
+	mm = t->mm;
+	if (mmget_not_zero(mm)) {
+		mmap_read_lock(mm);
+		t->ops->detach(t);
+		mmap_read_unlock(mm);
+		mmput(mm);
+	}
+	up_read(&t->mm_lock);
+}
+
 static void scan_work(struct work_struct *work)
 {
 	struct pagetier_target *t = container_of(to_delayed_work(work), struct pagetier_target, work);
+	bool mine = false;
 	int ret = pagetier_scan(t);
 
 	if (ret == -ESRCH && follow_exec(t))
@@ -161,17 +218,18 @@ static void scan_work(struct work_struct *work)
 		queue_delayed_work(scan_wq, &t->work, msecs_to_jiffies(t->scan_period_ms));
 		return;
 	}
-	/* the target exited: forget it, unless a detach already owns it */
+	/* the target exited: forget it, unless whoever unlinked it already owns it */
 	mutex_lock(&targets_lock);
-	if (find_pid_locked(t->pid) != t) {
-		mutex_unlock(&targets_lock);
-		return;
+	if (t->linked) {
+		target_unlink_locked(t);
+		mine = true;
 	}
-	target_unlink_locked(t);
 	mutex_unlock(&targets_lock);
+	if (!mine)
+		return;
 	pr_info("pid %d exited; forgotten\n", t->pid);
 	synchronize_rcu(); /* the fault hook may still look at it */
-	target_free(t, false);
+	target_put(t); /* the list's: a work item may free itself */
 }
 
 static long do_attach(struct file *file, struct pagetier_attach __user *arg)
@@ -223,9 +281,11 @@ static long do_attach(struct file *file, struct pagetier_attach __user *arg)
 	mmput(mm);
 	put_task_struct(task);
 
+	kref_init(&t->ref); /* the list's */
 	t->pid = a.pid;
 	t->owner = file;
 	t->mm = mm;
+	init_rwsem(&t->mm_lock);
 	t->ops = mode_ops(a.mode);
 	t->scan_period_ms = a.scan_period_ms ?: READ_ONCE(default_scan_period_ms);
 	t->sample_ratio = max_t(u32, a.sample_ratio, 1);
@@ -243,12 +303,11 @@ static long do_attach(struct file *file, struct pagetier_attach __user *arg)
 		ret = -ENOSPC;
 	if (ret) {
 		mutex_unlock(&targets_lock);
-		mmdrop(mm);
-		put_pid(t->spid);
-		kfree(t);
+		target_put(t);
 		return ret;
 	}
 	list_add_tail_rcu(&t->node, &pagetier_targets);
+	t->linked = true;
 	nr_targets++;
 	queue_delayed_work(scan_wq, &t->work, 0);
 	mutex_unlock(&targets_lock);
@@ -263,12 +322,12 @@ err_pid:
 	return ret;
 }
 
+/* The caller unlinked @t and owns the list's reference: stop, restore, put. */
 static void detach_target(struct pagetier_target *t)
 {
-	/* caller unlinked @t */
-	synchronize_rcu();
-	cancel_delayed_work_sync(&t->work);
-	target_free(t, true);
+	target_quiesce(t);
+	target_restore(t);
+	target_put(t);
 }
 
 static long do_detach(struct pagetier_detach __user *arg)
@@ -291,13 +350,97 @@ static long do_detach(struct pagetier_detach __user *arg)
 	return 0;
 }
 
+/*
+ * Copy up to @want records of @t from *@index on into @chunk, under the xarray's lock. On
+ * return *@index is where the next chunk starts and *@more says whether entries remain there.
+ * Return: the number of records; *@egen the target's exec_gen they belong to.
+ */
+static unsigned int read_chunk(struct pagetier_target *t, u32 flags, unsigned long *index,
+			       struct pagetier_record *chunk, unsigned int want, bool *more,
+			       unsigned long *egen)
+{
+	XA_STATE(xas, &t->pages, *index);
+	unsigned int n = 0;
+	void *entry;
+
+	*more = false;
+	down_read(&t->mm_lock); /* an execve empties the counts under it */
+	*egen = t->exec_gen;
+	xas_lock(&xas);
+	for (;;) {
+		if (flags & PAGETIER_READ_ACCESSED_ONLY)
+			entry = xas_find_marked(&xas, ULONG_MAX, PT_ACCESSED);
+		else
+			entry = xas_find(&xas, ULONG_MAX);
+		if (!entry)
+			break;
+		if (n == want) {
+			*more = true; /* found, not taken: the next chunk starts here */
+			break;
+		}
+		if (xa_is_value(entry)) {
+			unsigned long v = xa_to_value(entry);
+			unsigned long node = (v & PT_NODE_MASK) >> PT_NODE_SHIFT;
+			bool acc = xas_get_mark(&xas, PT_ACCESSED);
+
+			chunk[n++] = (struct pagetier_record){
+				.addr = (u64)xas.xa_index << PAGE_SHIFT,
+				.count = v & PT_COUNT_MASK,
+				.node = node ? node - 1 : PAGETIER_NODE_NONE,
+				.flags = PAGETIER_REC_PRESENT |
+					 ((v & PT_HUGE) ? PAGETIER_REC_HUGE : 0) |
+					 (acc ? PAGETIER_REC_ACCESSED : 0),
+				.freq = pagetier_entry_freq(t, v),
+			};
+		}
+	}
+	*index = xas.xa_index;
+	xas_unlock(&xas);
+	up_read(&t->mm_lock);
+	return n;
+}
+
+/*
+ * READ_RESET, for records already copied out: take the counts they reported off their entries
+ * (accesses counted since they were copied stay), and clear "accessed" where nothing is left.
+ * An entry gone since, or counts emptied by an execve, is left alone.
+ */
+static void reset_chunk(struct pagetier_target *t, const struct pagetier_record *chunk,
+			unsigned int n, unsigned long egen)
+{
+	XA_STATE(xas, &t->pages, 0);
+	unsigned long v, left;
+	unsigned int i;
+	void *entry;
+
+	down_read(&t->mm_lock);
+	if (t->exec_gen != egen)
+		goto out;
+	xas_lock(&xas);
+	for (i = 0; i < n; i++) {
+		xas_set(&xas, chunk[i].addr >> PAGE_SHIFT);
+		entry = xas_load(&xas);
+		if (!xa_is_value(entry))
+			continue;
+		v = xa_to_value(entry);
+		left = (v & PT_COUNT_MASK) - min_t(unsigned long, v & PT_COUNT_MASK, chunk[i].count);
+		xas_store(&xas, xa_mk_value((v & ~PT_COUNT_MASK) | left)); /* present: no allocation */
+		if (!left)
+			xas_clear_mark(&xas, PT_ACCESSED);
+	}
+	xas_unlock(&xas);
+out:
+	up_read(&t->mm_lock);
+}
+
 static long do_read(struct pagetier_read __user *arg)
 {
 	struct pagetier_read r;
 	struct pagetier_record *chunk;
 	struct pagetier_target *t;
 	struct pagetier_record __user *ubuf;
-	unsigned long index;
+	unsigned long index, egen;
+	unsigned int n;
 	u64 done = 0;
 	long ret = 0;
 	bool more = false;
@@ -308,79 +451,39 @@ static long do_read(struct pagetier_read __user *arg)
 	    r.reserved[1] || r.cursor > ULONG_MAX)
 		return -EINVAL;
 	ubuf = u64_to_user_ptr(r.buf);
-	if (r.buf_len && !access_ok(ubuf, r.buf_len * sizeof(*chunk)))
+	/* array_size() saturates: a length that overflows fails access_ok() */
+	if (r.buf_len && !access_ok(ubuf, array_size(r.buf_len, sizeof(*chunk))))
 		return -EFAULT;
 	chunk = kmalloc_array(READ_CHUNK, sizeof(*chunk), GFP_KERNEL);
 	if (!chunk)
 		return -ENOMEM;
-
-	mutex_lock(&targets_lock);
-	t = find_pid_locked(r.pid);
+	t = target_get(r.pid);
 	if (!t) {
-		ret = -ESRCH;
-		goto out;
+		kfree(chunk);
+		return -ESRCH;
 	}
+	/* records go out from the kernel copy, no lock held; counts reset once they are out */
 	index = r.cursor;
 	while (done < r.buf_len) {
-		XA_STATE(xas, &t->pages, index);
-		unsigned int n = 0, want = min_t(u64, READ_CHUNK, r.buf_len - done);
-		void *entry;
-
-		xas_lock(&xas);
-		for (;;) {
-			if (r.flags & PAGETIER_READ_ACCESSED_ONLY)
-				entry = xas_find_marked(&xas, ULONG_MAX, PT_ACCESSED);
-			else
-				entry = xas_find(&xas, ULONG_MAX);
-			if (!entry)
-				break;
-			if (n == want) {
-				more = true;
-				break;
-			}
-			if (xa_is_value(entry)) {
-				unsigned long v = xa_to_value(entry);
-				unsigned long node = (v & PT_NODE_MASK) >> PT_NODE_SHIFT;
-				bool acc = xas_get_mark(&xas, PT_ACCESSED);
-
-				chunk[n++] = (struct pagetier_record){
-					.addr = (u64)xas.xa_index << PAGE_SHIFT,
-					.count = v & PT_COUNT_MASK,
-					.node = node ? node - 1 : PAGETIER_NODE_NONE,
-					.flags = PAGETIER_REC_PRESENT |
-						 ((v & PT_HUGE) ? PAGETIER_REC_HUGE : 0) |
-						 (acc ? PAGETIER_REC_ACCESSED : 0),
-				};
-				if (r.flags & PAGETIER_READ_RESET) {
-					xas_store(&xas, xa_mk_value(v & ~PT_COUNT_MASK));
-					xas_clear_mark(&xas, PT_ACCESSED);
-				}
-			}
-		}
-		index = xas.xa_index;
-		xas_unlock(&xas);
+		n = read_chunk(t, r.flags, &index, chunk, min_t(u64, READ_CHUNK, r.buf_len - done),
+			       &more, &egen);
 		if (n && copy_to_user(ubuf + done, chunk, n * sizeof(*chunk))) {
-			ret = -EFAULT;
-			goto out;
+			ret = -EFAULT; /* this chunk's counts stay */
+			break;
 		}
+		if (n && (r.flags & PAGETIER_READ_RESET))
+			reset_chunk(t, chunk, n, egen);
 		done += n;
 		if (!more)
 			break;
-		more = false;
-		/* the entry at index was found but not taken: resume there */
-		if (done == r.buf_len) {
-			more = true;
-			break;
-		}
 	}
+	target_put(t);
+	kfree(chunk);
+	if (ret)
+		return ret;
 	r.nr_records = done;
 	r.cursor = more ? index : 0;
-	if (copy_to_user(arg, &r, sizeof(r)))
-		ret = -EFAULT;
-out:
-	mutex_unlock(&targets_lock);
-	kfree(chunk);
-	return ret;
+	return copy_to_user(arg, &r, sizeof(r)) ? -EFAULT : 0;
 }
 
 static long do_stats(struct pagetier_stats __user *arg)
@@ -388,32 +491,30 @@ static long do_stats(struct pagetier_stats __user *arg)
 	struct pagetier_stats s;
 	struct pagetier_target *t;
 	unsigned int i;
-	u32 pid;
 
-	if (get_user(pid, &arg->pid))
-		return -EFAULT;
 	if (copy_from_user(&s, arg, sizeof(s)))
 		return -EFAULT;
 	for (i = 0; i < ARRAY_SIZE(s.reserved); i++)
 		if (s.reserved[i])
 			return -EINVAL;
-	mutex_lock(&targets_lock);
-	t = find_pid_locked(pid);
-	if (t) {
-		s = (struct pagetier_stats){
-			.pid = pid,
-			.mode = t->ops->mode,
-			.scans = READ_ONCE(t->scans),
-			.pages_tracked = READ_ONCE(t->pages_tracked),
-			.pages_marked = READ_ONCE(t->pages_marked),
-			.faults = atomic64_read(&t->faults),
-			.accesses = atomic64_read(&t->accesses),
-			.scan_ns = READ_ONCE(t->scan_ns),
-		};
-	}
-	mutex_unlock(&targets_lock);
+	t = target_get(s.pid);
 	if (!t)
 		return -ESRCH;
+	s = (struct pagetier_stats){
+		.pid = t->pid,
+		.mode = t->ops->mode,
+		.scans = READ_ONCE(t->scans),
+		.pages_tracked = READ_ONCE(t->pages_tracked),
+		.pages_marked = READ_ONCE(t->pages_marked),
+		.faults = atomic64_read(&t->faults),
+		.accesses = atomic64_read(&t->accesses),
+		.scan_ns = READ_ONCE(t->scan_ns),
+		.probe_ns = READ_ONCE(t->probe_ns),
+		.units_probed = READ_ONCE(t->units_probed),
+		.walk_entries = READ_ONCE(t->walk_entries),
+		.scan_resumes = READ_ONCE(t->scan_resumes),
+	};
+	target_put(t);
 	return copy_to_user(arg, &s, sizeof(s)) ? -EFAULT : 0;
 }
 
@@ -421,7 +522,8 @@ static long do_unmark(struct pagetier_unmark __user *arg)
 {
 	struct pagetier_unmark u;
 	struct pagetier_target *t;
-	u64 *addrs;
+	struct mm_struct *mm;
+	u64 *addrs, i, n;
 	long ret = 0;
 
 	if (copy_from_user(&u, arg, sizeof(u)))
@@ -431,22 +533,36 @@ static long do_unmark(struct pagetier_unmark __user *arg)
 	addrs = kvmalloc_array(u.nr ?: 1, sizeof(*addrs), GFP_KERNEL);
 	if (!addrs)
 		return -ENOMEM;
-	if (copy_from_user(addrs, u64_to_user_ptr(u.addrs), u.nr * sizeof(*addrs))) {
+	if (copy_from_user(addrs, u64_to_user_ptr(u.addrs), array_size(u.nr, sizeof(*addrs)))) {
 		kvfree(addrs);
 		return -EFAULT;
 	}
 	u.done = 0;
-	mutex_lock(&targets_lock);
-	t = find_pid_locked(u.pid);
+	t = target_get(u.pid);
 	if (!t) {
-		ret = -ESRCH;
-	} else if (t->ops->unmark && u.nr && mmget_not_zero(t->mm)) {
-		mmap_read_lock(t->mm);
-		u.done = t->ops->unmark(t, addrs, u.nr);
-		mmap_read_unlock(t->mm);
-		mmput(t->mm);
+		kvfree(addrs);
+		return -ESRCH;
 	}
-	mutex_unlock(&targets_lock);
+	if (t->ops->unmark && u.nr) {
+		/* t->mm stays this mm while mm_lock is held: an execve waits */
+		down_read(&t->mm_lock);
+		mm = t->mm;
+		if (mmget_not_zero(mm)) {
+			for (i = 0; i < u.nr && !ret; i += n) {
+				n = min_t(u64, u.nr - i, UNMARK_BATCH);
+				if (mmap_read_lock_killable(mm)) {
+					ret = -EINTR;
+					break;
+				}
+				u.done += t->ops->unmark(t, addrs + i, n);
+				mmap_read_unlock(mm);
+				cond_resched();
+			}
+			mmput(mm);
+		}
+		up_read(&t->mm_lock);
+	}
+	target_put(t);
 	kvfree(addrs);
 	if (!ret && copy_to_user(arg, &u, sizeof(u)))
 		ret = -EFAULT;
@@ -545,8 +661,8 @@ static ssize_t targets_show(struct kobject *kobj, struct kobj_attribute *attr, c
 
 	mutex_lock(&targets_lock);
 	list_for_each_entry(t, &pagetier_targets, node)
-		len += sysfs_emit_at(buf, len, "%d %s %llu %llu\n", t->pid, t->ops->name, t->scans,
-				     t->pages_tracked);
+		len += sysfs_emit_at(buf, len, "%d %s %llu %llu\n", t->pid, t->ops->name,
+				     READ_ONCE(t->scans), READ_ONCE(t->pages_tracked));
 	mutex_unlock(&targets_lock);
 	return len;
 }
@@ -589,16 +705,41 @@ static ssize_t max_targets_store(struct kobject *kobj, struct kobj_attribute *at
 	return uint_store(buf, count, &max_targets, 1, MAX_TARGETS_LIMIT);
 }
 
+static ssize_t scan_budget_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_scan_budget));
+}
+
+/* 0: no limit; otherwise at least SCAN_BUDGET_MIN, so that every period makes progress */
+static ssize_t scan_budget_store(struct kobject *kobj, struct kobj_attribute *attr,
+				 const char *buf, size_t count)
+{
+	unsigned int v;
+	int ret = kstrtouint(buf, 0, &v);
+
+	if (ret)
+		return ret;
+	if (v && v < SCAN_BUDGET_MIN)
+		return -EINVAL;
+	WRITE_ONCE(pagetier_scan_budget, v);
+	return count;
+}
+
 static struct kobj_attribute version_attr = __ATTR_RO(version);
 static struct kobj_attribute targets_attr = __ATTR_RO(targets);
 static struct kobj_attribute default_scan_period_ms_attr = __ATTR_RW(default_scan_period_ms);
 static struct kobj_attribute max_targets_attr = __ATTR_RW(max_targets);
+static struct kobj_attribute scan_budget_attr = __ATTR_RW(scan_budget);
 
 static struct attribute *pagetier_attrs[] = {
 	&version_attr.attr,
 	&targets_attr.attr,
 	&default_scan_period_ms_attr.attr,
 	&max_targets_attr.attr,
+	&scan_budget_attr.attr,
+	&pagetier_probe_windows_attr.attr,
+	&pagetier_probe_base_us_attr.attr,
+	&pagetier_probe_fault_marks_attr.attr,
 	NULL,
 };
 

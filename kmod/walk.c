@@ -11,6 +11,7 @@
 #include <linux/ktime.h>
 #include <linux/pgtable.h>
 #include <linux/sched/mm.h>
+#include <linux/string.h>
 
 #include "pagetier.h"
 
@@ -72,74 +73,199 @@ static pte_t *pt_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long addr, 
 #endif
 }
 
-/* Walk [start, end) of @vma, calling @w's functions on each present PTE and huge PMD. */
-static void walk_range(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long start,
-		       unsigned long end)
+/*
+ * The walk: one function per page-table level, each stepping over its entries at its own size,
+ * so an empty PGD, P4D or PUD entry costs one check however much address space it covers (a
+ * sparse multi-TiB reservation costs what its populated page tables cost). Each level counts
+ * the entries it examines in w->entries and calls cond_resched() once per entry above the PMD
+ * level and once per populated PMD entry, so no path runs more than one table's worth of checks
+ * without a chance to reschedule. A walk with a budget stops after the page table at which the
+ * budget ran out; each level returns the address it stopped at (@end when it covered the range).
+ */
+
+/* In the budget, a present entry costs this many empty ones: the mode's work and the record. */
+#define WALK_PRESENT_COST 32
+
+static bool walk_spent(const struct pagetier_walk *w)
 {
-	struct mm_struct *mm = vma->vm_mm;
-	unsigned long addr = start, next;
+	return w->budget && w->entries + WALK_PRESENT_COST * w->units >= w->budget;
+}
 
-	for (; addr < end; addr = next) {
-		pgd_t *pgd;
-		p4d_t *p4d;
-		pud_t *pud;
-		pmd_t *pmd, pmdval;
-		spinlock_t *ptl;
-		pte_t *pte, *start_pte;
+/*
+ * How many of the @n entries of @size bytes from @p on are all zero (empty), found with
+ * memchr_inv's word-at-a-time loop: the common case in the tables of a sparse mapping. An entry
+ * that is not all zero is left to the caller's own check. The tables above the PTE level are
+ * read without their lock here, as the kernel's walkers do: an entry filled meanwhile is seen by
+ * the next scan.
+ */
+static unsigned long zero_run(const void *p, unsigned long n, size_t size)
+{
+	const u8 *nz = memchr_inv(p, 0, n * size);
 
+	return nz ? (nz - (const u8 *)p) / size : n;
+}
+
+static void walk_ptes(struct pagetier_walk *w, struct vm_area_struct *vma, pmd_t *pmd,
+		      unsigned long addr, unsigned long end)
+{
+	unsigned long i, nr = (end - addr) >> PAGE_SHIFT;
+	spinlock_t *ptl;
+	pte_t *pte;
+
+	pte = pt_map_lock(vma->vm_mm, pmd, addr, &ptl);
+	if (!pte)
+		return;
+	w->entries += nr;
+	for (i = zero_run(pte, nr, sizeof(*pte)); i < nr;
+	     i += 1 + zero_run(pte + i + 1, nr - i - 1, sizeof(*pte))) {
+		if (pte_present(ptep_get(pte + i))) {
+			w->pte(w, vma, addr + (i << PAGE_SHIFT), pte + i);
+			w->units++;
+		}
+	}
+	pte_unmap_unlock(pte, ptl);
+}
+
+static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *vma, pud_t *pud,
+			       unsigned long addr, unsigned long end)
+{
+	pmd_t *pmd = pmd_offset(pud, addr), pmdval;
+	unsigned long next, skip;
+	spinlock_t *ptl;
+
+	for (; addr < end; pmd++, addr = next) {
+		skip = zero_run(pmd, ((end - 1) >> PMD_SHIFT) - (addr >> PMD_SHIFT) + 1,
+				sizeof(*pmd));
+		if (skip) {
+			w->entries += skip;
+			pmd += skip;
+			addr = (addr & PMD_MASK) + skip * PMD_SIZE;
+			if (addr >= end)
+				break;
+		}
 		next = pmd_addr_end(addr, end);
-		pgd = pgd_offset(mm, addr);
-		if (pgd_none(*pgd) || pgd_bad(*pgd))
-			continue;
-		p4d = p4d_offset(pgd, addr);
-		if (p4d_none(*p4d) || p4d_bad(*p4d))
-			continue;
-		pud = pud_offset(p4d, addr);
-		if (pud_none(*pud) || pud_trans_huge(*pud) || pud_bad(*pud))
-			continue;
-		pmd = pmd_offset(pud, addr);
+		w->entries++;
 		pmdval = READ_ONCE(*pmd);
 		if (pmd_none(pmdval))
 			continue;
 		if (pmd_trans_huge(pmdval) || pmd_devmap(pmdval)) {
-			ptl = pmd_lock(mm, pmd);
+			ptl = pmd_lock(vma->vm_mm, pmd);
 			/* a huge PMD lies whole inside one VMA */
 			if (pmd_trans_huge(*pmd) && !pmd_devmap(*pmd) && pmd_present(*pmd) &&
 			    (addr & HPAGE_PMD_MASK) >= vma->vm_start &&
-			    (addr & HPAGE_PMD_MASK) + HPAGE_PMD_SIZE <= vma->vm_end)
+			    (addr & HPAGE_PMD_MASK) + HPAGE_PMD_SIZE <= vma->vm_end) {
 				w->pmd(w, vma, addr & HPAGE_PMD_MASK, pmd);
+				w->units++;
+			}
 			spin_unlock(ptl);
 		} else {
-			start_pte = pte = pt_map_lock(mm, pmd, addr, &ptl);
-			if (!pte)
-				continue;
-			for (; addr < next; addr += PAGE_SIZE, pte++) {
-				if (pte_present(ptep_get(pte)))
-					w->pte(w, vma, addr, pte);
-			}
-			pte_unmap_unlock(start_pte, ptl);
+			walk_ptes(w, vma, pmd, addr, next);
 		}
 		if (w->unlocked)
 			w->unlocked(w);
 		cond_resched();
+		if (walk_spent(w))
+			return next;
 	}
+	return end;
+}
+
+static unsigned long walk_puds(struct pagetier_walk *w, struct vm_area_struct *vma, p4d_t *p4d,
+			       unsigned long addr, unsigned long end)
+{
+	pud_t *pud = pud_offset(p4d, addr), pudval;
+	unsigned long next, stop;
+
+	for (; addr < end; pud++, addr = next) {
+		next = pud_addr_end(addr, end);
+		w->entries++;
+		cond_resched();
+		pudval = READ_ONCE(*pud);
+		if (pud_none(pudval) || pud_trans_huge(pudval) || pud_bad(pudval))
+			continue;
+		stop = walk_pmds(w, vma, pud, addr, next);
+		if (stop != next)
+			return stop;
+	}
+	return end;
+}
+
+static unsigned long walk_p4ds(struct pagetier_walk *w, struct vm_area_struct *vma, pgd_t *pgd,
+			       unsigned long addr, unsigned long end)
+{
+	p4d_t *p4d = p4d_offset(pgd, addr), p4dval;
+	unsigned long next, stop;
+
+	for (; addr < end; p4d++, addr = next) {
+		next = p4d_addr_end(addr, end);
+		w->entries++;
+		cond_resched();
+		p4dval = READ_ONCE(*p4d);
+		if (p4d_none(p4dval) || p4d_bad(p4dval))
+			continue;
+		stop = walk_puds(w, vma, p4d, addr, next);
+		if (stop != next)
+			return stop;
+	}
+	return end;
+}
+
+/*
+ * Walk [start, end) of @vma, calling @w's functions on each present PTE and huge PMD.
+ * Return: @end, or the address where the walk stopped because @w's budget was spent.
+ */
+static unsigned long walk_range(struct pagetier_walk *w, struct vm_area_struct *vma,
+				unsigned long start, unsigned long end)
+{
+	pgd_t *pgd = pgd_offset(vma->vm_mm, start), pgdval;
+	unsigned long addr = start, next, stop;
+
+	for (; addr < end; pgd++, addr = next) {
+		next = pgd_addr_end(addr, end);
+		w->entries++;
+		cond_resched();
+		pgdval = READ_ONCE(*pgd);
+		if (pgd_none(pgdval) || pgd_bad(pgdval))
+			continue;
+		stop = walk_p4ds(w, vma, pgd, addr, next);
+		if (stop != next)
+			return stop;
+	}
+	return end;
 }
 
 /**
- * pagetier_walk_all() - walk every tracked VMA of @w->t.
+ * pagetier_walk_all() - walk every tracked VMA of @w->t from @w->cursor on.
  * @w: what to call; the caller holds t->mm's users and its mmap_lock for read.
+ *
+ * A walk with a budget (@w->budget) that spends it stops between two page tables and leaves
+ * in @w->cursor the address the next walk starts at; otherwise @w->cursor ends 0. For a mode
+ * that asks for it, the TLB is flushed for every range walked before this returns.
  */
 void pagetier_walk_all(struct pagetier_walk *w)
 {
+	struct mm_struct *mm = w->t->mm;
+	unsigned long start = w->cursor, from, stop;
 	struct vm_area_struct *vma;
-	VMA_ITERATOR(vmi, w->t->mm, 0);
+	struct vma_iterator vmi;
 
+	vma_iter_init(&vmi, mm, start);
+	w->cursor = 0;
 	for_each_vma(vmi, vma) {
 		if (!pagetier_vma_tracked(vma))
 			continue;
-		walk_range(w, vma, vma->vm_start, vma->vm_end);
-		if (w->t->ops->flush)
-			pagetier_flush_range(w->t->mm, vma->vm_start, vma->vm_end);
+		from = max(start, vma->vm_start);
+		if (walk_spent(w)) {
+			w->cursor = from;
+			return;
+		}
+		stop = walk_range(w, vma, from, vma->vm_end);
+		if (w->t->ops->flush && stop > from)
+			pagetier_flush_range(mm, from, stop);
+		if (stop < vma->vm_end) {
+			w->cursor = stop;
+			return;
+		}
 	}
 }
 
@@ -174,6 +300,8 @@ struct pt_seen {
 struct scan_batch {
 	unsigned int n;
 	u64 tracked;
+	bool probing;
+	struct pagetier_probe_list probe; /* units accessed in the last period, for probe.c */
 	struct pt_seen seen[PTRS_PER_PTE];
 };
 
@@ -213,18 +341,28 @@ static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	b->seen[b->n++] = (struct pt_seen){ index, nid, true, acc };
 }
 
-static void record(struct pagetier_target *t, const struct pt_seen *s)
+/*
+ * Store what the scan saw of one unit. Return: true if the unit was accessed in the last period
+ * (its Accessed bit, or a fault or probe hit since the previous scan): the probes look at it.
+ */
+static bool record(struct pagetier_target *t, const struct pt_seen *s, bool probing)
 {
 	XA_STATE(xas, &t->pages, s->index);
 	unsigned long old, v;
+	bool listed;
 	void *entry;
 
 	do {
 		xas_lock(&xas);
 		entry = xas_load(&xas);
 		old = xa_is_value(entry) ? xa_to_value(entry) : 0;
-		v = (old & PT_COUNT_MASK) | ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) |
-		    (s->huge ? PT_HUGE : 0) | ((unsigned long)t->gen << PT_GEN_SHIFT);
+		listed = s->accessed || (old & PT_SEEN);
+		v = (old & (PT_COUNT_MASK | PT_PROBE_MASK)) |
+		    ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) | (s->huge ? PT_HUGE : 0) |
+		    ((unsigned long)t->gen << PT_GEN_SHIFT);
+		/* not accessed: no frequency; accessed: the last estimate stands until the probe's */
+		if (!listed || !probing)
+			v &= ~PT_PROBE_MASK;
 		if (s->accessed && (v & PT_COUNT_MASK) != PT_COUNT_MASK)
 			v++;
 		xas_store(&xas, xa_mk_value(v));
@@ -232,6 +370,7 @@ static void record(struct pagetier_target *t, const struct pt_seen *s)
 			xas_set_mark(&xas, PT_ACCESSED);
 		xas_unlock(&xas);
 	} while (xas_nomem(&xas, GFP_KERNEL));
+	return listed;
 }
 
 static void scan_unlocked(struct pagetier_walk *w)
@@ -240,7 +379,8 @@ static void scan_unlocked(struct pagetier_walk *w)
 	unsigned int i;
 
 	for (i = 0; i < b->n; i++) {
-		record(w->t, &b->seen[i]);
+		if (record(w->t, &b->seen[i], b->probing) && b->probing)
+			pagetier_probe_note(&b->probe, b->seen[i].index, b->seen[i].huge);
 		if (b->seen[i].accessed)
 			atomic64_inc(&w->t->accesses);
 	}
@@ -270,8 +410,12 @@ static void drop_stale(struct pagetier_target *t)
 }
 
 /**
- * pagetier_scan() - one scan of a target: the mode checks and (re)arms every present page.
+ * pagetier_scan() - one period's scan of a target: the mode checks and (re)arms present pages.
  * @t: the target. Called from its delayed work only.
+ *
+ * A pass covers every tracked VMA. A period walks at most pagetier_scan_budget's worth of it
+ * (0: no limit) and leaves a cursor where the next period resumes; the pass ends (scans + 1,
+ * pages not seen forgotten) in the period that reaches the last VMA.
  *
  * Return: 0, or -ESRCH once the target's address space is gone.
  */
@@ -280,32 +424,54 @@ int pagetier_scan(struct pagetier_target *t)
 	struct pagetier_walk w = { .pte = scan_pte, .pmd = scan_pmd, .unlocked = scan_unlocked,
 				   .t = t };
 	u64 t0 = ktime_get_ns();
-	u64 last_tracked = t->pages_tracked;
-
+	struct scan_batch *b;
 
 	if (!mmget_not_zero(t->mm))
 		return -ESRCH;
-	w.priv = kmalloc(sizeof(struct scan_batch), GFP_KERNEL);
-	if (!w.priv) {
+	b = kmalloc(sizeof(*b), GFP_KERNEL);
+	if (!b) {
 		mmput(t->mm);
 		return -ENOMEM;
 	}
-	((struct scan_batch *)w.priv)->n = 0;
-	((struct scan_batch *)w.priv)->tracked = 0;
-	/* a page budget turns into a sampling ratio that spreads the marks over the space */
-	t->ratio_now = max_t(u32, t->sample_ratio, 1);
-	if (t->page_budget && last_tracked > t->page_budget)
-		t->ratio_now = max_t(u64, t->ratio_now, DIV_ROUND_UP(last_tracked, t->page_budget));
-	t->marked_now = 0;
-	t->gen++;
+	b->n = 0;
+	b->tracked = 0;
+	b->probing = pagetier_probe_enabled(t);
+	b->probe = (struct pagetier_probe_list){};
+	w.priv = b;
+	if (!t->pass_started) {
+		/* a page budget turns into a sampling ratio that spreads the marks over the space */
+		t->ratio_now = max_t(u32, t->sample_ratio, 1);
+		if (t->page_budget && t->pages_tracked > t->page_budget)
+			t->ratio_now = max_t(u64, t->ratio_now,
+					     DIV_ROUND_UP(t->pages_tracked, t->page_budget));
+		t->marked_now = 0;
+		t->tracked_now = 0;
+		t->cursor = 0;
+		t->gen++;
+		t->pass_started = true;
+	}
+	w.cursor = t->cursor;
+	w.budget = READ_ONCE(pagetier_scan_budget);
 	mmap_read_lock(t->mm);
 	pagetier_walk_all(&w);
 	mmap_read_unlock(t->mm);
 	mmput(t->mm);
-	t->pages_tracked = ((struct scan_batch *)w.priv)->tracked;
-	kfree(w.priv);
-	drop_stale(t);
-	t->scans++;
-	t->scan_ns += ktime_get_ns() - t0;
+	t->tracked_now += b->tracked;
+	t->cursor = w.cursor;
+	WRITE_ONCE(t->walk_entries, t->walk_entries + w.entries);
+	if (w.cursor) {
+		WRITE_ONCE(t->scan_resumes, t->scan_resumes + 1);
+	} else {
+		WRITE_ONCE(t->pages_tracked, t->tracked_now);
+		drop_stale(t);
+		t->pass_started = false;
+	}
+	WRITE_ONCE(t->scan_ns, t->scan_ns + ktime_get_ns() - t0);
+	/* then, over the units this period found accessed in the last one only, the probes */
+	pagetier_probe(t, &b->probe);
+	kvfree(b->probe.u);
+	kfree(b);
+	if (!w.cursor) /* after the probes: a reader waiting for this scan finds its frequencies */
+		WRITE_ONCE(t->scans, t->scans + 1);
 	return 0;
 }

@@ -73,6 +73,7 @@ READ_T = np.dtype(
 STATS_T = np.dtype(
     [("pid", _u32), ("mode", _u32), ("scans", _u64), ("pages_tracked", _u64),
      ("pages_marked", _u64), ("faults", _u64), ("accesses", _u64), ("scan_ns", _u64),
+     ("probe_ns", _u64), ("units_probed", _u64), ("walk_entries", _u64), ("scan_resumes", _u64),
      ("reserved", _u64, 4)]
 )
 UNMARK_T = np.dtype(

@@ -194,13 +194,19 @@ class Device:
         return {k: int(s[k]) for k in uapi.STATS_T.names if k not in ("reserved", "pid")}
 
 
-def records_to_sample(pid: int, rec: np.ndarray, complete: bool) -> Sample:
+FREQ_SINCE = (0, 3)  # module versions before this leave pagetier_record.freq 0 (padding)
+
+
+def records_to_sample(pid: int, rec: np.ndarray, complete: bool, freq: bool = True) -> Sample:
+    """A Sample from RECORD_T records; ``freq``: the module fills pagetier_record.freq (0.3 on),
+    else Sample.freq stays empty and Sample.rates() falls back to counts."""
     huge = (rec["flags"] & uapi.REC_HUGE) != 0
     node = rec["node"].astype(np.int64)
     node[rec["node"] == uapi.NODE_NONE] = -1
     return Sample(pid=pid, addr=rec["addr"].astype(np.uint64), count=rec["count"].astype(np.uint32),
                   node=node.astype(np.int16),
-                  npages=np.where(huge, HUGE_PAGES, 1).astype(np.uint16), complete=complete)
+                  npages=np.where(huge, HUGE_PAGES, 1).astype(np.uint16), complete=complete,
+                  freq=rec["freq"].astype(np.float32) if freq else np.zeros(0, np.float32))
 
 
 @register("kmod")
@@ -216,6 +222,7 @@ class KmodProfiler(Profiler):
         self.mode, self.scan_period_ms = mode, int(scan_period_ms)
         self.sample_ratio, self.page_budget = int(sample_ratio), int(page_budget)
         self.dev = Device()
+        self.has_freq = self.dev.version()[:2] >= FREQ_SINCE
         self.pids: set[int] = set()
         period = self.scan_period_ms or int((SYSFS / "default_scan_period_ms").read_text())
         self.node_lag_s = period / 1000.0
@@ -255,7 +262,7 @@ class KmodProfiler(Profiler):
         # a read before the module's first scan ends lists only the pages scanned so far
         complete = not accessed_only and self._scanned(pid)
         rec = self.dev.read(pid, reset=reset, accessed_only=accessed_only)
-        return records_to_sample(pid, rec, complete=complete)
+        return records_to_sample(pid, rec, complete=complete, freq=self.has_freq)
 
     def stats(self, pid: int) -> dict:
         return self.dev.stats(pid)

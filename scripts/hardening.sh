@@ -4,6 +4,9 @@
 #     between attach and detach, 240 s back to back;
 #   - rmmod under load, 5 times;
 #   - 100,000 fuzzed ioctls;
+#   - the kmod hazards together for PAGETIER_HAZARDS_S seconds (default 1800): a target calling execve in
+#     a loop attached, read, unmarked and detached by three threads, a churning target attached
+#     and detached in both modes, and random ioctls, all at once;
 #   - >= 100,000 page migrations under the daemon with hotcold checking its memory, for each
 #     kmod mode with THP on and off;
 #   - the soak: the daemon managing churn + a moving hot set for SOAK_S seconds (default 1800),
@@ -15,7 +18,8 @@
 #                                                      in its own VM beside the other tests)
 #        PAGETIER_PARTS=soak scripts/hardening.sh 6.1  (only the soak, or only "stress")
 #        PAGETIER_PARTS= scripts/hardening.sh 6.1 6.12 (run nothing: the table of the last runs)
-# One after the other, each kernel takes about 40 minutes plus its soak. Logs, soak curves and
+#        PAGETIER_HAZARDS_S=600 scripts/hardening.sh   (a shorter hazards run)
+# One after the other, each kernel takes about 70 minutes plus its soak. Logs, soak curves and
 # the table as JSON go to build/hardening/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,13 +37,15 @@ from pagetier import vm
 from pagetier.workload import binary
 
 soak_default = os.environ.get("PAGETIER_SOAK_S", "1800")
+hazards_s = os.environ.get("PAGETIER_HAZARDS_S", "1800")
 parts = os.environ.get("PAGETIER_PARTS", "stress soak").split()
 soak = {a.split(":")[0]: (a.split(":") + [soak_default])[1] for a in sys.argv[1:] or ["6.1", "6.12"]}
 kernels = list(soak)
 out = Path("build/hardening")
 out.mkdir(parents=True, exist_ok=True)
 binary(); binary("churn")
-PARTS = {"stress": "tests/guest/test_hardening.py tests/guest/test_daemon_integrity.py",
+PARTS = {"stress": "tests/guest/test_hardening.py tests/guest/test_daemon_integrity.py "
+                   "tests/guest/test_kmod_hazards.py",
          "soak": "tests/guest/test_daemon_soak.py"}
 results = {}
 
@@ -61,8 +67,9 @@ def saved(kernel, part):
 
 
 def one(kernel, part):
-    res = vm.run(f"PAGETIER_SOAK_S={soak[kernel]} python -m pytest -p no:cacheprovider -q -rfEs -s "
-                 f"-m long {PARTS[part]}", kernel=kernel, timeout=float(soak[kernel]) + 5400)
+    res = vm.run(f"PAGETIER_SOAK_S={soak[kernel]} PAGETIER_HAZARDS_S={hazards_s} "
+                 f"python -m pytest -p no:cacheprovider -q -rfEs -s -m long {PARTS[part]}",
+                 kernel=kernel, timeout=float(soak[kernel]) + float(hazards_s) + 5400)
     (out / f"{kernel}-{part}.log").write_text(res.output + "\n--- dmesg\n" + res.dmesg)
     (out / f"{kernel}-{part}.json").write_text(json.dumps({**res.__dict__, "soak_s": soak[kernel]},
                                                           default=str))
@@ -100,6 +107,7 @@ for k in kernels:
         "kernel": runs[0].kernel if runs else k,
         "cycles": num(r"churn: (\d+) attach/detach cycles", o, many=True),
         "ioctl calls": num(r"ioctl fuzz: (\d+) calls", o),
+        "hazards s": num(r"together: (\d+) s", o),
         "migrations": num(r"integrity: .*?: (\d+) page migrations", o, many=True),
         "bytes checked": num(r"(\d+) bytes checked", o, many=True),
         "soak s": int(float(soak_s)),
@@ -110,7 +118,7 @@ for k in kernels:
     for r in runs:
         print(f"\n===== {r.kernel}: exit {r.returncode}, {r.seconds:.0f} s =====")
         # result lines, some printed after pytest's progress dots
-        found = (re.match(r"[.sF]*?((churn|ioctl fuzz|integrity|soak|FAILED|ERROR|E  |"
+        found = (re.match(r"[.sF]*?((churn|ioctl fuzz|integrity|soak|together|exec race|FAILED|ERROR|E  |"
                           r"\d+ (passed|failed)).*)", ln) for ln in r.output.splitlines())
         print("\n".join(m.group(1) for m in found if m))
         for rep in r.reports:

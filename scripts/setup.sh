@@ -21,7 +21,7 @@ APT_PKGS=(build-essential bc flex bison libelf-dev kmod cpio busybox-static
 	qemu-system-x86 qemu-utils
 	python3 python3-venv python3-dev python3-pip python3-bpfcc bpfcc-tools
 	libnuma1 libnuma-dev numactl udev iproute2 procps util-linux dkms
-	linux-image-amd64 linux-headers-amd64
+	linux-image-amd64 linux-headers-amd64 linux-source-6.12
 	redis-server redis-tools sqlite3 zstd)  # third-party programs the trace set is recorded from
 
 install_apt() {

@@ -104,7 +104,13 @@ struct pagetier_stats {
 	__u64 faults;	      /* fault mode: hinting faults counted */
 	__u64 accesses;	      /* accesses counted, total */
 	__u64 scan_ns;	      /* time spent scanning, total */
-	__u64 reserved[4];
+	__u64 probe_ns;	      /* from 0.3: time spent in frequency probes (not their sleeps), total */
+	__u64 units_probed;   /* from 0.3: units the frequency probes measured, total */
+	__u64 walk_entries;   /* page-table entries the scans examined, total (from 0.3) */
+	__u64 scan_resumes;   /* periods that stopped at the scan budget, the scan resuming
+			       * in the next period (from 0.3)
+			       */
+	__u64 reserved[4];    /* must be 0 */
 };
 
 /*
@@ -122,7 +128,11 @@ struct pagetier_unmark {
 
 #define PAGETIER_UNMARK_MAX (1U << 20)
 
-#define PAGETIER_IOC_MAGIC 0xB7
+/*
+ * 0xBA, sequence numbers 0x00-0x1F: a block free in Documentation/userspace-api/ioctl/
+ * ioctl-number.rst (until 0.3, 0xB7, which nsfs's NSIO uses).
+ */
+#define PAGETIER_IOC_MAGIC 0xBA
 
 #define PAGETIER_IOC_VERSION _IOR(PAGETIER_IOC_MAGIC, 0, struct pagetier_version)
 #define PAGETIER_IOC_ATTACH _IOW(PAGETIER_IOC_MAGIC, 1, struct pagetier_attach)

@@ -1,0 +1,162 @@
+"""pagetier.ko's frequency probes: pagetier_record.freq tells a hot unit from a warm one within
+one scan period, is 0 for untouched units, and leaves nothing marked after detach."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagetier import uapi
+from pagetier.profiler import kmod
+from pagetier.workload import Workload
+
+from helpers import faults_in, fresh_module, wait_scans
+
+pytestmark = pytest.mark.vm
+
+PERIOD_MS = 500
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_loaded():
+    fresh_module()
+    yield
+    kmod.unload_module()
+
+
+@pytest.fixture
+def dev():
+    d = kmod.Device()
+    yield d
+    d.close()
+
+
+def _units(rec: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Records of units that start in [lo, hi)."""
+    return rec[(rec["addr"] >= lo) & (rec["addr"] < hi)]
+
+
+class _knob:
+    """Set /sys/kernel/pagetier/NAME for the duration of a with block."""
+
+    def __init__(self, name: str, value):
+        self.path, self.value = kmod.SYSFS / name, str(value)
+
+    def __enter__(self):
+        self.old = self.path.read_text().strip()
+        self.path.write_text(self.value)
+
+    def __exit__(self, *exc):
+        self.path.write_text(self.old)
+
+
+def _numa_balancing_off():
+    with open("/proc/sys/kernel/numa_balancing") as f:
+        assert f.read().strip() == "0"
+
+
+@pytest.mark.parametrize("mode", ["fault", "fault-marks", "abit"])
+@pytest.mark.parametrize("thp", [True, False], ids=["thp", "nothp"])
+def test_hot_unit_ranks_above_a_rarely_touched_one(dev, mode, thp):
+    """Hot units (the workload's hot part) against cold units touched a few times a second
+    (--cold-rate): in one scan period, a hot unit's freq is above a touched cold unit's.
+    fault-marks: fault mode probing with hinting marks instead of the Accessed bit."""
+    _numa_balancing_off()
+    marks = mode == "fault-marks"
+    mode = "fault" if marks else mode
+    cold_units = 28 if thp else 14336  # 56 MiB outside the 8 MiB hot part
+    cold_rate = 280 if thp else 14336  # about 10/s per huge unit, 1/s per small page
+    args = ["--size", "64", "--hot", "8", "--hot-offset", "16", "--duration", "0",
+            "--cold-rate", str(cold_rate), *([] if thp else ["--no-thp"])]
+    with Workload(*args) as w, _knob("probe_fault_marks", int(marks)):
+        dev.attach(w.pid, mode, scan_period_ms=PERIOD_MS)
+        try:
+            # scan 1 arms; scan 2 finds the accessed units and its probes measure them
+            st = wait_scans(dev, w.pid, 2)
+            rec = dev.read(w.pid)
+            tick = w.next_tick()
+        finally:
+            dev.detach(w.pid)
+        assert w.stop() == 0, "workload memory corrupted"
+    hot_lo, hot_hi = w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"]
+    buf_lo, buf_hi = w.ready["addr"], w.ready["addr"] + w.ready["size"]
+    hot = _units(rec, hot_lo, hot_hi)["freq"].astype(np.int64)
+    cold = np.concatenate([_units(rec, buf_lo, hot_lo), _units(rec, hot_hi, buf_hi)])
+    cold = cold["freq"][cold["freq"] > 0].astype(np.int64)
+    hot_units = 4 if thp else 2048
+    ratio = (tick["accesses_per_s"] / hot_units) / (cold_rate / cold_units)
+    above = (hot[:, None] > cold[None, :]).mean() if len(cold) else 1.0
+    print(f"{mode} thp={thp}: hot/cold access rate per unit {ratio:.0f}x; hot freq "
+          f"{np.percentile(hot, [0, 10, 50, 100]).tolist()} ({len(hot)} units), touched cold "
+          f"freq {np.percentile(cold, [0, 50, 90, 100]).tolist() if len(cold) else []} "
+          f"({len(cold)} units); pairs ranked right {above:.4f}; stats {st}")
+    assert ratio >= 100, "the workload ran too slowly for the premise"
+    assert len(hot) == hot_units and np.all(hot > 0)
+    assert len(cold) > 0, "no cold unit touched in the period"
+    assert above >= 0.95
+    assert st["units_probed"] > 0 and st["probe_ns"] > 0
+
+
+@pytest.mark.parametrize("mode", ["fault", "abit"])
+def test_untouched_units_have_no_freq(dev, mode):
+    """Units not accessed in the last period read freq 0; probes off (probe_windows 0): every
+    unit reads 0."""
+    _numa_balancing_off()
+    args = ["--size", "32", "--hot", "4", "--hot-offset", "8", "--duration", "0", "--quiet",
+            "--no-thp"]
+    with Workload(*args) as w:
+        dev.attach(w.pid, mode, scan_period_ms=200)
+        try:
+            wait_scans(dev, w.pid, 3)
+            rec = dev.read(w.pid)
+            with _knob("probe_windows", 0):
+                wait_scans(dev, w.pid, 2)
+                off = dev.read(w.pid)
+        finally:
+            dev.detach(w.pid)
+        assert w.stop() == 0
+    hot_lo, hot_hi = w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"]
+    buf_lo, buf_hi = w.ready["addr"], w.ready["addr"] + w.ready["size"]
+    hot = _units(rec, hot_lo, hot_hi)
+    cold = np.concatenate([_units(rec, buf_lo, hot_lo), _units(rec, hot_hi, buf_hi)])
+    assert len(hot) == 1024 and np.all(hot["freq"] > 0), np.unique(hot["freq"])
+    assert len(cold) == (32 - 4) * 256 and np.all(cold["freq"] == 0), np.unique(cold["freq"])
+    assert np.all(off["freq"] == 0)
+
+
+@pytest.mark.parametrize("thp", [True, False], ids=["thp", "nothp"])
+def test_detach_after_probes_leaves_nothing_marked(dev, thp):
+    """Fault-mode probes with marks mark the hot units again and again; a detach (at any point
+    of a probe) leaves no page inaccessible."""
+    _numa_balancing_off()
+    args = ["--size", "64", "--hot", "64", "--duration", "0", "--quiet",
+            *([] if thp else ["--no-thp"])]
+    with Workload(*args) as w, _knob("probe_fault_marks", 1):
+        dev.attach(w.pid, "fault", scan_period_ms=50)
+        st = wait_scans(dev, w.pid, 3)
+        dev.detach(w.pid)
+        grown = faults_in([w.pid], 1.5)
+        assert w.stop() == 0
+    assert st["units_probed"] > 0
+    assert grown == 0, f"{grown} hinting faults after detach"
+    assert (kmod.SYSFS / "targets").read_text() == ""
+
+
+def test_record_layout_has_freq(dev):
+    assert dev.version()[3] == uapi.RECORD_T.itemsize and "freq" in uapi.RECORD_T.names
+
+
+def test_profiler_sample_carries_freq():
+    """KmodProfiler maps records' freq to Sample.freq, which Sample.rates() returns."""
+    with Workload("--size", "16", "--hot", "2", "--no-thp", "--duration", "0", "--quiet") as w:
+        prof = kmod.KmodProfiler(mode="abit", scan_period_ms=100)
+        try:
+            prof.attach(w.pid)
+            wait_scans(prof.dev, w.pid, 3)
+            sample = prof.read(w.pid)
+        finally:
+            prof.detach(w.pid)
+            prof.close()
+        assert w.stop() == 0
+    assert prof.has_freq and sample.freq.dtype == np.float32
+    assert len(sample.freq) == len(sample.addr) and sample.freq.max() > 0
+    assert np.array_equal(sample.rates(1.0), sample.freq)
