@@ -563,11 +563,12 @@ class Daemon:
 
     def _profiler_scan_s(self) -> float:
         """Seconds the profiler has spent scanning the current targets in the kernel (kmod's
-        ``scan_ns``; 0 for backends that do not count it)."""
+        ``scan_ns`` plus its frequency probes' ``probe_ns``; 0 for backends that count neither)."""
         ns = 0
         for pid in self.targets:
             try:
-                ns += int(self.profiler.stats(pid).get("scan_ns", 0))
+                st = self.profiler.stats(pid)
+                ns += int(st.get("scan_ns", 0)) + int(st.get("probe_ns", 0))
             except Exception:  # a target that just exited: no stats
                 continue
         return round(ns / 1e9, 6)

@@ -186,16 +186,17 @@ def summarize_scores(scores: list[dict]) -> dict:
 
 # --- cost -------------------------------------------------------------------------------------
 def scan_ns(stats: dict) -> int | None:
-    """The profiler's own CPU time (ns) from record_trace's per-pid stats."""
+    """The profiler's own CPU time (ns) from record_trace's per-pid stats (pagetier.ko: its
+    scans plus its frequency probes)."""
     for st in stats.values():
         if not isinstance(st, dict):
             continue
         if "scan_ns" in st:
-            return int(st["scan_ns"])
+            return int(st["scan_ns"]) + int(st.get("probe_ns", 0))
         if "cpu_ns" in st:
             return int(st["cpu_ns"])
         if isinstance(st.get("marker"), dict) and "scan_ns" in st["marker"]:
-            return int(st["marker"]["scan_ns"])
+            return int(st["marker"]["scan_ns"]) + int(st["marker"].get("probe_ns", 0))
     return None
 
 
