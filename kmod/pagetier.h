@@ -167,6 +167,8 @@ struct pagetier_target {
 extern struct list_head pagetier_targets;
 extern unsigned int pagetier_scan_budget; /* sysfs scan_budget: page-table entries per period */
 void pagetier_count_access(struct pagetier_target *t, unsigned long index);
+ssize_t pagetier_uint_store(const char *buf, size_t count, unsigned int *knob, unsigned int lo,
+			    unsigned int hi);
 struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
 
 /* walk.c */
@@ -198,6 +200,8 @@ struct pagetier_walk {
 	unsigned long units;
 };
 bool pagetier_vma_tracked(struct vm_area_struct *vma);
+pte_t *pagetier_pte_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long addr,
+			     spinlock_t **ptl);
 void pagetier_walk_all(struct pagetier_walk *w);
 bool pagetier_walk_addr(struct pagetier_walk *w, unsigned long addr);
 int pagetier_scan(struct pagetier_target *t);

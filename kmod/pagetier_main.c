@@ -667,8 +667,18 @@ static ssize_t targets_show(struct kobject *kobj, struct kobj_attribute *attr, c
 	return len;
 }
 
-static ssize_t uint_store(const char *buf, size_t count, unsigned int *knob, unsigned int lo,
-			  unsigned int hi)
+/**
+ * pagetier_uint_store() - parse a sysfs write into @knob, if within [@lo, @hi].
+ * @buf: what was written.
+ * @count: its length.
+ * @knob: the value to set.
+ * @lo: the smallest value allowed.
+ * @hi: the largest value allowed.
+ *
+ * Return: @count, or -EINVAL (out of range) or kstrtouint()'s error.
+ */
+ssize_t pagetier_uint_store(const char *buf, size_t count, unsigned int *knob, unsigned int lo,
+			    unsigned int hi)
 {
 	unsigned int v;
 	int ret = kstrtouint(buf, 0, &v);
@@ -690,7 +700,7 @@ static ssize_t default_scan_period_ms_show(struct kobject *kobj, struct kobj_att
 static ssize_t default_scan_period_ms_store(struct kobject *kobj, struct kobj_attribute *attr,
 					    const char *buf, size_t count)
 {
-	return uint_store(buf, count, &default_scan_period_ms, PAGETIER_SCAN_PERIOD_MIN_MS,
+	return pagetier_uint_store(buf, count, &default_scan_period_ms, PAGETIER_SCAN_PERIOD_MIN_MS,
 			  PAGETIER_SCAN_PERIOD_MAX_MS);
 }
 
@@ -702,7 +712,7 @@ static ssize_t max_targets_show(struct kobject *kobj, struct kobj_attribute *att
 static ssize_t max_targets_store(struct kobject *kobj, struct kobj_attribute *attr,
 				 const char *buf, size_t count)
 {
-	return uint_store(buf, count, &max_targets, 1, MAX_TARGETS_LIMIT);
+	return pagetier_uint_store(buf, count, &max_targets, 1, MAX_TARGETS_LIMIT);
 }
 
 static ssize_t scan_budget_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)

@@ -75,20 +75,6 @@ void pagetier_probe_note(struct pagetier_probe_list *l, unsigned long index, boo
 	l->u[l->nr++] = (index << PT_PU_SHIFT) | (huge ? PU_HUGE : 0);
 }
 
-static pte_t *probe_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long addr,
-			     spinlock_t **ptl)
-{
-#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 5, 0)
-	return pt_pte_offset_map_lock(mm, pmd, addr, ptl);
-#else
-	pmd_t pmdval = READ_ONCE(*pmd);
-
-	if (pmd_none(pmdval) || pmd_trans_huge(pmdval) || pmd_devmap(pmdval) || pmd_bad(pmdval))
-		return NULL;
-	return pte_offset_map_lock(mm, pmd, addr, ptl);
-#endif
-}
-
 /* The PMD entry covering @addr, or NULL if no page table reaches it. */
 static pmd_t *probe_pmd_of(struct mm_struct *mm, unsigned long addr)
 {
@@ -171,7 +157,7 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 			} while (i < l->nr &&
 				 ((l->u[i] >> PT_PU_SHIFT) << PAGE_SHIFT) < start + HPAGE_PMD_SIZE);
 		} else {
-			pte = probe_map_lock(mm, pmd, addr, &ptl);
+			pte = pagetier_pte_map_lock(mm, pmd, addr, &ptl);
 			if (!pte) {
 				probe_apply(&l->u[i++], 0, test, arm, first);
 				continue;
@@ -335,20 +321,6 @@ u32 pagetier_entry_freq(const struct pagetier_target *t, unsigned long v)
 
 /* --- /sys/kernel/pagetier/probe_windows and probe_base_us --- */
 
-static ssize_t probe_uint_store(const char *buf, size_t count, unsigned int *knob,
-				unsigned int lo, unsigned int hi)
-{
-	unsigned int v;
-	int ret = kstrtouint(buf, 0, &v);
-
-	if (ret)
-		return ret;
-	if (v < lo || v > hi)
-		return -EINVAL;
-	WRITE_ONCE(*knob, v);
-	return count;
-}
-
 static ssize_t probe_windows_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
 {
 	return sysfs_emit(buf, "%u\n", READ_ONCE(probe_windows));
@@ -357,7 +329,7 @@ static ssize_t probe_windows_show(struct kobject *kobj, struct kobj_attribute *a
 static ssize_t probe_windows_store(struct kobject *kobj, struct kobj_attribute *attr,
 				   const char *buf, size_t count)
 {
-	return probe_uint_store(buf, count, &probe_windows, 0, PT_PROBE_MAX_WINDOWS);
+	return pagetier_uint_store(buf, count, &probe_windows, 0, PT_PROBE_MAX_WINDOWS);
 }
 
 static ssize_t probe_base_us_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
@@ -368,7 +340,7 @@ static ssize_t probe_base_us_show(struct kobject *kobj, struct kobj_attribute *a
 static ssize_t probe_base_us_store(struct kobject *kobj, struct kobj_attribute *attr,
 				   const char *buf, size_t count)
 {
-	return probe_uint_store(buf, count, &probe_base_us, PROBE_BASE_US_MIN, PROBE_BASE_US_MAX);
+	return pagetier_uint_store(buf, count, &probe_base_us, PROBE_BASE_US_MIN, PROBE_BASE_US_MAX);
 }
 
 static ssize_t probe_fault_marks_show(struct kobject *kobj, struct kobj_attribute *attr,
@@ -380,7 +352,7 @@ static ssize_t probe_fault_marks_show(struct kobject *kobj, struct kobj_attribut
 static ssize_t probe_fault_marks_store(struct kobject *kobj, struct kobj_attribute *attr,
 				       const char *buf, size_t count)
 {
-	return probe_uint_store(buf, count, &pagetier_probe_marks, 0, 1);
+	return pagetier_uint_store(buf, count, &pagetier_probe_marks, 0, 1);
 }
 
 struct kobj_attribute pagetier_probe_windows_attr = __ATTR_RW(probe_windows);

@@ -60,7 +60,18 @@ void pagetier_flush_range(struct mm_struct *mm, unsigned long start, unsigned lo
 	pt_flush_tlb_mm_range(mm, start, end, PAGE_SHIFT, false);
 }
 
-static pte_t *pt_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long addr, spinlock_t **ptl)
+/**
+ * pagetier_pte_map_lock() - map the page table under @pmd and take its lock.
+ * @mm: the address space.
+ * @pmd: a PMD entry of @mm.
+ * @addr: an address the PMD covers.
+ * @ptl: set to the page-table lock taken.
+ *
+ * Context: mmap_lock held. Return: the PTE of @addr, or NULL when @pmd maps no page table (none,
+ * huge or bad); release with pte_unmap_unlock().
+ */
+pte_t *pagetier_pte_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long addr,
+			     spinlock_t **ptl)
 {
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 5, 0)
 	return pt_pte_offset_map_lock(mm, pmd, addr, ptl);
@@ -112,7 +123,7 @@ static void walk_ptes(struct pagetier_walk *w, struct vm_area_struct *vma, pmd_t
 	spinlock_t *ptl;
 	pte_t *pte;
 
-	pte = pt_map_lock(vma->vm_mm, pmd, addr, &ptl);
+	pte = pagetier_pte_map_lock(vma->vm_mm, pmd, addr, &ptl);
 	if (!pte)
 		return;
 	w->entries += nr;
