@@ -201,10 +201,12 @@ def test_record_trace_stub(tmp_path):
         proc.kill()
         proc.wait()
     tr = read_trace(out)
-    assert summary["intervals"] >= 1 and len(tr) == 8 * summary["intervals"]
-    assert tr.meta["backend"] == "stub" and tr.meta["complete"] is False
+    # (messages: this failed once in CI on a heavily loaded host and never since; say which part)
+    assert summary["intervals"] >= 1 and len(tr) == 8 * summary["intervals"], (summary, len(tr))
+    assert tr.meta["backend"] == "stub" and tr.meta["complete"] is False, tr.meta
     info = tr.meta["processes"][str(proc.pid)]
-    assert "sleep" in info["cmdline"][0] and any("sleep" in m[3] for m in info["maps"])
+    assert "sleep" in info["cmdline"][0], info["cmdline"]
+    assert any("sleep" in m[3] for m in info["maps"]), info["maps"][:8]
 
 
 def test_record_stop_reads_once_more(tmp_path):
