@@ -26,8 +26,15 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    over-budget fast node may demote such units);
 6. throttles. A move-back is a move of a unit moved within ``thrash_window`` intervals; when
    more than ``thrash_ratio`` of a plan's pages (or of their moving average) are move-backs,
-   units moved within ``thrash_window`` stay where they are for the next ``thrash_window``
-   intervals, and exchanges use ``throttle_scale`` of the rate limit. When the hot set is larger
+   for the next ``thrash_window`` intervals an exchange needs ``thrash_margin`` instead of
+   ``margin`` (the promoted unit three times the victim's heat by default, not 1.25 times),
+   and exchanges use ``throttle_scale`` of the rate limit. Units of about the same heat stop
+   trading places; a unit clearly hotter than the one it would replace still moves, recent
+   mover or not (freezing every recent mover at once kept a wrong placement for
+   ``thrash_window`` intervals after the hot set moved, and after a wrong swap). When the
+   plans made under the throttle still move back more than ``freeze_ratio`` of their pages
+   (a moving average), units moved within ``thrash_window`` stay where they are for the next
+   ``thrash_window`` intervals ("frozen" in the throttle's reasons). When the hot set is larger
    than the fast capacity ("oversubscribed") exchanges are throttled the same way. Promotions
    into free room are never throttled: they go in one large batch, up to the rate limit;
 7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
@@ -36,7 +43,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    interval (``state.rate``) form a hot set about as large and as hot (its reference at least
    half the last one's) as the last one and overlapping it by less than ``phase_jaccard`` after
    a regular run, this interval ranks by its rates rather than
-   by decayed heat (which would keep the old hot set for another interval or two).
+   by decayed heat (which would keep the old hot set for another interval or two). A read
+   that finds under half as many units accessed as the last one (a read that missed most of
+   the program's accesses) is not taken as a phase change.
 
 Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
 pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate" or None),
@@ -201,7 +210,7 @@ class Heuristic(Policy):
     class Config:
         min_heat: float = 1.0  # colder units are never promoted
         high_watermark: float = 0.95  # fraction of the budget: above it, demote...
-        low_watermark: float = 0.85  # ...down to this; the hot set is sized to it
+        low_watermark: float = 0.9  # ...down to this; the hot set is sized to it
         min_residency: int = 2  # intervals a moved unit stays where it was moved
         margin: float = 0.25  # a swap needs promoted heat > victim heat * (1 + margin)...
         gap_ratio: float = 0.1  # ...and promoted - victim heat >= gap_ratio * reference heat
@@ -210,6 +219,8 @@ class Heuristic(Policy):
         thrash_window: int = 4  # a move within this many intervals of the last is a move-back
         thrash_ratio: float = 0.05  # move-backs / moves above which the policy throttles
         throttle_scale: float = 0.25  # fraction of max_moves exchanges use while throttled
+        thrash_margin: float = 2.0  # while throttled, exchanges need this margin
+        freeze_ratio: float = 0.5  # move-backs under the throttle above it: freeze recent movers
         history: int = 8  # intervals of hot-set overlap kept to classify the pattern
         regular_jaccard: float = 0.6  # mean overlap at or above it: a regular pattern
         phase_jaccard: float = 0.3  # overlap below it after a regular run: a phase change
@@ -241,6 +252,10 @@ class Heuristic(Policy):
                 bad("thrash_ratio", "must be in (0, 1]")
             if not 0 < self.throttle_scale <= 1:
                 bad("throttle_scale", "must be in (0, 1]")
+            if not self.thrash_margin >= self.margin:
+                bad("thrash_margin", f"must be >= margin={self.margin}")
+            if not 0 < self.freeze_ratio <= 1:
+                bad("freeze_ratio", "must be in (0, 1]")
             if self.history < 2:
                 bad("history", "must be >= 2")
             if not 0 <= self.regular_jaccard <= 1:
@@ -253,10 +268,13 @@ class Heuristic(Policy):
         self._prev_hot: np.ndarray | None = None  # sorted keys of the last hot set
         self._prev_hot_pages = 0
         self._prev_ref = 0.0  # the last reference heat
+        self._prev_accessed = 0  # units accessed in the last interval
         self._overlap: deque[float] = deque(maxlen=self.config.history)
         self._since_change = None  # calls since the last phase change, None if none seen
         self._thrash = 0.0  # moving average of the move-back fraction
         self._throttle_until = None  # interval up to which the throttle holds
+        self._freeze_until = None  # interval up to which recent movers stay put
+        self._thrash_kept = 0.0  # moving average of the move-back fraction under the throttle
 
     def _hot_order(self, score, cand, fast):
         """(units of ``cand`` above the noise floor, hottest first with ties to fast residents;
@@ -288,6 +306,8 @@ class Heuristic(Policy):
         acc = np.flatnonzero(known & (rate > 0))
         if not len(acc):
             return False
+        if len(acc) < 0.5 * self._prev_accessed:
+            return False  # far fewer units accessed than in the last interval: no evidence
         decay = float(getattr(state, "decay", 0.5))
         order, now_ref, _ = self._hot_order(rate / (1.0 - decay), acc, fast)
         if now_ref < 0.5 * self._prev_ref:
@@ -340,16 +360,21 @@ class Heuristic(Policy):
         must = used - cap_b_low if used > cap_b_high else 0
         gap = c.gap_ratio * ref
 
-        # 5. throttles: oversubscription limits exchanges, move-backs freeze recent movers
+        # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
         oversubscribed = hot_pages > min(budget, node_cap if node_cap is not None else budget)
         if self._throttle_until is not None and now > self._throttle_until:
             self._throttle_until = None
+        if self._freeze_until is not None and now > self._freeze_until:
+            self._freeze_until = None
 
         fast_idx = np.flatnonzero(fast)
         fast_idx = fast_idx[np.argsort(score[fast_idx], kind="stable")]  # coldest first
 
-        def plan(freeze: bool, max_moves: int):
+        def plan(throttle: bool, max_moves: int, freeze: bool = False):
+            # throttled: an exchange only for a clearly hotter unit (thrash_margin);
+            # frozen: units moved within thrash_window stay where they are
             still = within if freeze else recent
+            margin = c.thrash_margin if throttle else c.margin
             pmask = in_set & ~fast & ~still
             promo = order[pmask[order]]
             # victims: units free to move first, then those not in the hot set, coldest first
@@ -361,7 +386,7 @@ class Heuristic(Policy):
             p, d = plan_moves(
                 npages, promo, score[promo], fidx, score[fidx],
                 used=used, cap=cap_high, must=must, max_moves=max_moves,
-                margin=c.margin, gap=gap, n_room=n_room,
+                margin=margin, gap=gap, n_room=n_room,
             )
             # a move-back: a unit moved within thrash_window moved again
             back = np.concatenate([p[within[p]], d[within[d]]])
@@ -377,12 +402,23 @@ class Heuristic(Policy):
         p, d, promo, pages, backs = plan(False, max_moves)
         frac = backs / pages if pages else 0.0
         self._thrash = 0.5 * self._thrash + 0.5 * frac
+        was_throttled = self._throttle_until is not None
         if frac > c.thrash_ratio or self._thrash > c.thrash_ratio:
             self._throttle_until = now + c.thrash_window
         if self._throttle_until is not None:
             reasons.append("move-backs")
         if "move-backs" in reasons or (reasons and throttled_max < max_moves):
-            p, d, promo, pages, backs = plan("move-backs" in reasons, throttled_max)
+            freeze = self._freeze_until is not None
+            p, d, promo, pages, backs = plan("move-backs" in reasons, throttled_max, freeze)
+            # the move-backs of the plans made under the throttle (a moving average)
+            self._thrash_kept = 0.5 * self._thrash_kept + 0.5 * (backs / pages if pages else 0.0)
+            if not freeze and was_throttled and self._thrash_kept > c.freeze_ratio:
+                # move-backs even with thrash_margin, throttled since an earlier interval:
+                # the same units keep trading places; freeze recent movers for thrash_window
+                self._freeze_until = now + c.thrash_window
+                p, d, promo, pages, backs = plan(True, throttled_max, True)
+        if self._freeze_until is not None:
+            reasons.append("frozen")
 
         # which limit kept desired units off the fast node
         left = np.setdiff1d(promo, p, assume_unique=True)
@@ -401,6 +437,8 @@ class Heuristic(Policy):
         pattern, jaccard, change = self._classify(keys)
         self._prev_hot_pages = int(npages[desired].sum())
         self._prev_ref = ref
+        if rate is not None:
+            self._prev_accessed = int(np.count_nonzero(known & (rate > 0)))
         if seen_now and not change:
             change = True
             pattern = "phased"

@@ -133,12 +133,12 @@ def test_heuristic_margin_blocks_small_gains():
 def test_heuristic_watermark_demotes_coldest():
     heat = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 10
     st = make_state(heat=heat, node=[FAST] * 100)
-    ctx = Context(fast_budget=100)  # 100% used > 95% high watermark -> down to 85%
+    ctx = Context(fast_budget=100)  # 100% used > 95% high watermark -> down to 90%
     d = create("heuristic").decide(st, ctx)
-    assert pages(st, d.demote) == 15
+    assert pages(st, d.demote) == 10
     assert st.heat[d.demote].max() <= 2  # the coldest went
     assert len(d.promote) == 0
-    assert fast_after(st, d, ctx) == 85
+    assert fast_after(st, d, ctx) == 90
 
 
 def test_heuristic_throttles_when_hot_set_exceeds_budget():
@@ -162,16 +162,38 @@ def test_heuristic_throttles_when_hot_set_exceeds_budget():
 def test_heuristic_throttles_on_move_backs():
     now = 100
     # hot units demoted 3 intervals ago (past min_residency, within thrash_window) come back
+    # into free room: a move-back, so the throttle engages, but promotions into free room go
     st = make_state(heat=[50] * 20, node=[SLOW] * 20, last_move=[now - 3] * 20, interval=now)
     ctx = Context(fast_budget=100, max_moves=20)
     d = create("heuristic").decide(st, ctx)
     assert d.stats["throttled"] and d.stats["throttle_reasons"] == ["move-backs"]
-    assert pages(st, d.promote) == 0  # frozen until thrash_window has passed
-    assert d.stats["move_back_pages"] == 0
+    assert pages(st, d.promote) == 20 and d.stats["move_back_pages"] == 20
     # the same units, never moved before: no throttle
     st = make_state(heat=[50] * 20, node=[SLOW] * 20, interval=now)
     d = create("heuristic").decide(st, ctx)
     assert not d.stats["throttled"] and pages(st, d.promote) == 20
+
+
+def test_heuristic_throttle_raises_the_exchange_margin():
+    """While throttled, an exchange needs thrash_margin: a unit 2x hotter than a fast unit
+    swaps with it unthrottled (margin 0.25) but not throttled; one 4x hotter still does."""
+    now = 100
+
+    def decide(hot, throttled):
+        pol = create("heuristic")
+        if throttled:  # as after an interval with move-backs
+            pol._throttle_until = now + 2
+        st = make_state(heat=[10] * 10 + [hot] * 10, node=[FAST] * 10 + [SLOW] * 10,
+                        last_move=[now - 10] * 20, interval=now)  # not move-backs
+        return st, pol.decide(st, Context(fast_budget=11, max_moves=100))  # full at 95%
+
+    st, d = decide(20, False)
+    assert pages(st, d.promote) > 0 and pages(st, d.demote) > 0
+    st, d = decide(20, True)
+    assert "move-backs" in d.stats["throttle_reasons"]
+    assert pages(st, d.promote) == 0 and pages(st, d.demote) == 0
+    st, d = decide(40, True)
+    assert pages(st, d.promote) > 0 and pages(st, d.demote) > 0
 
 
 def test_heuristic_over_budget_demotes_even_recent():
