@@ -24,7 +24,9 @@ One interval (:meth:`Daemon.step`):
    "budget", "node", "rate" or None), printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
-The first interval ends one interval after the start: a decision needs counts to rest on.
+The first interval ends one interval after the start, or as soon as the profiler has its
+first frequency estimate of every target (pagetier.ko: the first scan whose probes measured
+the units accessed since attach): a decision needs counts to rest on.
 Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
 status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
 policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
@@ -768,12 +770,26 @@ class Daemon:
                         raise
                     log.info("pid %d exited before it could be attached", pid)
             deadline = None if self.duration is None else self._t0 + self.duration
-            # the first decision rests on one interval of counts: a read right after attach
-            # has none (abit mode counts from its second scan), and a policy deciding on zero
-            # heat would move pages blindly
+            # the first decision rests on counts: a read right after attach has none, and a
+            # policy deciding on zero heat would move pages blindly. It comes one interval
+            # after attach, or as soon as the profiler has its first frequency estimate of the
+            # targets (pagetier.ko: the first scan whose probes measured them)
             self.write_status()
             first = time.monotonic() + self.cfg.interval
-            self._wait(first if deadline is None else min(first, deadline))
+            if deadline is not None:
+                first = min(first, deadline)
+            ready = getattr(self.profiler, "first_estimate_ready", None) if self.targets else None
+            while ready is not None and self.targets and time.monotonic() < first:
+                got = [ready(pid) for pid in list(self.targets)]
+                if None in got:  # no estimate to wait for: one interval of counts
+                    ready = None
+                    break
+                if all(got):
+                    break
+                self._wait(min(first, time.monotonic() + 0.02))
+                if self.stop_reason is not None or self._signal is not None:
+                    break
+            self._wait(first if ready is None else time.monotonic())
             while self.stop_reason is None and self._signal is None:
                 if self._reload:
                     self.reload()

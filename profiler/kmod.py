@@ -241,6 +241,27 @@ class KmodProfiler(Profiler):
         while not self._scanned(pid) and time.monotonic() < deadline:
             time.sleep(0.01)
 
+    def first_estimate_ready(self, pid: int) -> bool | None:
+        """Whether a read of ``pid`` now carries the module's frequency estimate of the units
+        accessed since attach; None when the module gives none (before 0.3, or probes off).
+
+        The module probes the units a scan lists as accessed. abit: the first scan (which
+        attach waits for) lists every unit whose Accessed bit was set since it was touched.
+        fault: the first scan only marks the units; the second lists those that faulted since.
+        """
+        try:
+            windows = int((SYSFS / "probe_windows").read_text())
+        except (OSError, ValueError):
+            windows = 0
+        if not self.has_freq or windows <= 0:
+            return None
+        try:
+            return self.dev.stats(pid)["scans"] >= (1 if self.mode == "abit" else 2)
+        except KmodError as e:
+            if e.errno != errno.ESRCH:
+                raise
+            return True
+
     def _scanned(self, pid: int) -> bool:
         """Whether the module has scanned ``pid`` once (or cannot say: the target is gone)."""
         try:
