@@ -34,7 +34,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    ``thrash_window`` intervals after the hot set moved, and after a wrong swap). When the
    plans made under the throttle still move back more than ``freeze_ratio`` of their pages
    (a moving average), units moved within ``thrash_window`` stay where they are for the next
-   ``thrash_window`` intervals ("frozen" in the throttle's reasons). When the hot set is larger
+   ``thrash_window`` intervals ("frozen" in the throttle's reasons). In the interval of a
+   phase change (7.) neither applies and its moves do not count as move-backs: what the last
+   phase brought goes back and the new hot set comes in, in one batch; When the hot set is larger
    than the fast capacity ("oversubscribed") exchanges are throttled the same way. Promotions
    into free room are never throttled: they go in one large batch, up to the rate limit;
 7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
@@ -399,11 +401,22 @@ class Heuristic(Policy):
         reasons = []
         if oversubscribed:
             reasons.append("oversubscribed")
+        # 6. access pattern from hot-set overlap (before the plan: a phase change is acted on)
+        keys = np.sort(unit_keys(state)[desired])
+        pattern, jaccard, change = self._classify(keys)
+        if seen_now and not change:
+            change = True
+            pattern = "phased"
         p, d, promo, pages, backs = plan(False, max_moves)
         frac = backs / pages if pages else 0.0
+        if change:
+            # the hot set moved: moving back what the last phase brought is no thrashing,
+            # and the new hot set comes in full, now
+            frac = 0.0
+            self._throttle_until = self._freeze_until = None
         self._thrash = 0.5 * self._thrash + 0.5 * frac
         was_throttled = self._throttle_until is not None
-        if frac > c.thrash_ratio or self._thrash > c.thrash_ratio:
+        if not change and (frac > c.thrash_ratio or self._thrash > c.thrash_ratio):
             self._throttle_until = now + c.thrash_window
         if self._throttle_until is not None:
             reasons.append("move-backs")
@@ -432,16 +445,10 @@ class Heuristic(Policy):
             else:
                 limit = "node" if node_bound else "budget"
 
-        # 6. access pattern from hot-set overlap
-        keys = np.sort(unit_keys(state)[desired])
-        pattern, jaccard, change = self._classify(keys)
         self._prev_hot_pages = int(npages[desired].sum())
         self._prev_ref = ref
         if rate is not None:
             self._prev_accessed = int(np.count_nonzero(known & (rate > 0)))
-        if seen_now and not change:
-            change = True
-            pattern = "phased"
         scale = PHASE_CHANGE_SCALE if change else INTERVAL_SCALE[pattern]
         if reasons:
             scale = max(scale, THROTTLED_MIN_SCALE)
