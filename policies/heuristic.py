@@ -36,7 +36,7 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    (a moving average), units moved within ``thrash_window`` stay where they are for the next
    ``thrash_window`` intervals ("frozen" in the throttle's reasons). In the interval of a
    phase change (7.) neither applies and its moves do not count as move-backs: what the last
-   phase brought goes back and the new hot set comes in, in one batch; When the hot set is larger
+   phase brought goes back and the new hot set comes in, in one batch. When the hot set is larger
    than the fast capacity ("oversubscribed") exchanges are throttled the same way. Promotions
    into free room are never throttled: they go in one large batch, up to the rate limit;
 7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
