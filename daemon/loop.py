@@ -24,9 +24,10 @@ One interval (:meth:`Daemon.step`):
    "budget", "node", "rate" or None), printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
-The first interval ends one interval after the start, or as soon as the profiler has its
-first frequency estimate of every target (pagetier.ko: the first scan whose probes measured
-the units accessed since attach): a decision needs counts to rest on.
+The first interval ends as soon as the profiler has its first frequency estimate of every
+target (pagetier.ko: the first scan whose probes measured the units accessed since attach; two
+intervals at most), or one interval after the start with a profiler that gives none: a
+decision needs counts to rest on.
 Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
 status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
 policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
@@ -771,18 +772,21 @@ class Daemon:
                     log.info("pid %d exited before it could be attached", pid)
             deadline = None if self.duration is None else self._t0 + self.duration
             # the first decision rests on counts: a read right after attach has none, and a
-            # policy deciding on zero heat would move pages blindly. It comes one interval
-            # after attach, or as soon as the profiler has its first frequency estimate of the
-            # targets (pagetier.ko: the first scan whose probes measured them)
+            # policy deciding on zero heat would move pages blindly. It comes as soon as the
+            # profiler has its first frequency estimate of the targets (pagetier.ko: the first
+            # scan whose probes measured them; fault mode's second scan ends a little more than
+            # a scan period after attach, so this waits up to two intervals: a read before it
+            # would bring no heat to decide on); with no estimate to wait for, one interval
             self.write_status()
-            first = time.monotonic() + self.cfg.interval
+            ready = getattr(self.profiler, "first_estimate_ready", None) if self.targets else None
+            first = time.monotonic() + self.cfg.interval * (1 if ready is None else 2)
             if deadline is not None:
                 first = min(first, deadline)
-            ready = getattr(self.profiler, "first_estimate_ready", None) if self.targets else None
             while ready is not None and self.targets and time.monotonic() < first:
                 got = [ready(pid) for pid in list(self.targets)]
                 if None in got:  # no estimate to wait for: one interval of counts
                     ready = None
+                    first -= self.cfg.interval
                     break
                 if all(got):
                     break
