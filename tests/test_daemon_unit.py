@@ -332,6 +332,34 @@ def test_first_interval_after_one_interval_of_counts(tmp_path):
     assert existed and t >= 0.3
 
 
+def test_first_decision_when_the_profiler_has_its_estimate(tmp_path):
+    """With a profiler that says when its first frequency estimate is in (pagetier.ko), the
+    first decision comes once it is, not a fixed interval after the start: here the interval
+    is 5 s and the run 1.5 s, so a fixed wait would put it at the end of the run."""
+    cfg = config_mod.load(None, {"policy": "test-greedy", "profiler": "stub", "interval": 5.0,
+                                 "fast_budget": "4M", "json": True})
+    prof = StubProfiler(units=256, hot=16)
+    asked = []
+    prof.first_estimate_ready = lambda pid: (asked.append(pid) or len(asked) >= 3)
+    d = Daemon(cfg, pids=(4242,), profiler=prof, policy=Greedy(), mover=StubMover(prof),
+               numab=False, status_path=tmp_path / "daemon-1.json", handle_signals=False,
+               out=open(os.devnull, "w"), duration=1.5)
+    d._alive = lambda pid: True
+    first = []
+    orig = d.step
+
+    def step(boundary=False):
+        if not first:
+            first.append(len(asked))
+        return orig(boundary)
+
+    d.step = step
+    assert d.run() == 0
+    assert first, "no decision"
+    assert first[0] == 3  # asked until ready, then decided at once
+    assert d.totals["promoted"] > 0
+
+
 def test_cgroup_followed(tmp_path):
     cg = tmp_path / "cg"
     cg.mkdir()
