@@ -253,8 +253,9 @@ static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *v
 		pmdval = READ_ONCE(*pmd);
 		if (pmd_none(pmdval))
 			continue;
-		if (w->protects)
-			pagetier_inval_start(&iv, vma, addr, next);
+		if (w->protects) /* the whole entry: a huge one changes whole */
+			pagetier_inval_start(&iv, vma, max(addr & PMD_MASK, vma->vm_start),
+					     min((addr & PMD_MASK) + PMD_SIZE, vma->vm_end));
 		if (pmd_trans_huge(pmdval) || pmd_devmap(pmdval)) {
 			ptl = pmd_lock(vma->vm_mm, pmd);
 			/* a huge PMD lies whole inside one VMA */
