@@ -577,20 +577,25 @@ int pagetier_scan(struct pagetier_target *t)
 	mmput(t->mm);
 	t->tracked_now += b->tracked;
 	t->cursor = w.cursor;
-	WRITE_ONCE(t->walk_entries, t->walk_entries + w.entries);
-	if (w.cursor) {
-		WRITE_ONCE(t->scan_resumes, t->scan_resumes + 1);
-	} else {
+	if (!w.cursor) {
 		WRITE_ONCE(t->pages_tracked, t->tracked_now);
 		drop_stale(t);
 		t->pass_started = false;
 	}
-	WRITE_ONCE(t->scan_ns, t->scan_ns + ktime_get_ns() - t0);
+	t0 = ktime_get_ns() - t0;
 	/* then, over the units this period found accessed in the last one only, the probes */
 	pagetier_probe(t, &b->probe);
 	kvfree(b->probe.u);
 	kfree(b);
-	if (!w.cursor) /* after the probes: a reader waiting for this scan finds its frequencies */
+	/*
+	 * The walk's figures next to scans (nothing sleeps in between), so that a reader sees the
+	 * ones of the passes scans counts, not those of a pass whose probes still run.
+	 */
+	WRITE_ONCE(t->walk_entries, t->walk_entries + w.entries);
+	WRITE_ONCE(t->scan_ns, t->scan_ns + t0);
+	if (w.cursor)
+		WRITE_ONCE(t->scan_resumes, t->scan_resumes + 1);
+	else /* after the probes: a reader waiting for this scan finds its frequencies */
 		WRITE_ONCE(t->scans, t->scans + 1);
 	return 0;
 }

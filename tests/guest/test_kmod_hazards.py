@@ -383,7 +383,7 @@ NOTIFIER_PARAMS = Path("/sys/module/pt_notifier_test/parameters")
 IDLE_TARGET = """
 import ctypes, mmap, sys
 n = int(sys.argv[1])
-m = mmap.mmap(-1, n * 4096)
+m = mmap.mmap(-1, n * 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 m.madvise(mmap.MADV_NOHUGEPAGE)
 def touch():
     for i in range(n):
