@@ -1,6 +1,6 @@
 """pagetier.ko hazards a careful reading found, each aimed at by one test: a target that calls
-execve while others read and unmark it, a reader stalled in its own user memory, and a sparse
-multi-TiB address space. Short versions run by default; the long ones are marked ``long``
+execve while others read and unmark it, a reader stalled in its own user memory, a sparse
+multi-TiB address space, and a secondary MMU (an mmu notifier) on the target. Short versions run by default; the long ones are marked ``long``
 (scripts/hardening.sh). The harness fails the run on any kernel report (Oops, BUG, WARNING,
 soft lockup, lockdep)."""
 from __future__ import annotations
