@@ -41,7 +41,7 @@ setup(
     license="GPL-2.0-only",
     python_requires=">=3.11",
     # One import package, pagetier; its parts live in the repository's top-level folders.
-    packages=["pagetier", "pagetier.profiler", "pagetier.daemon", "pagetier.policies"],
+    packages=["pagetier", "pagetier.core", "pagetier.profiler", "pagetier.daemon", "pagetier.policies"],
     package_dir={
         "pagetier": "pagetier",
         "pagetier.profiler": "profiler",

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pagetier.daemon.mover import rate_pages
+from pagetier.core.planner import rate_pages
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Decision, Policy, register
 from pagetier.policies.heuristic import fill_budget, plan_moves, unit_keys

@@ -25,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from pagetier.errors import ConfigError
-from pagetier.profiler.base import PAGE_SIZE, Sample
+from pagetier.core.sample import Sample
+from pagetier.core.units import PAGE_SIZE
 
 BASE = 0x7F0000000000
 PATTERNS = ("hotcold", "phased", "zipf", "scan")
