@@ -71,44 +71,10 @@ from pagetier.core.state import NEVER, PageState, _keys
 from pagetier.core.units import PAGE_SIZE, parse_size
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Policy, create
+from pagetier.policies.costmodel import CostModel, load
 
-MB = 1 << 20
 FAST, SLOW = 0, 1
 PLACEMENTS = ("slow", "fast-first")
-
-
-@dataclass
-class CostModel:
-    """Per-access time on each node and the cost of migrating one 4 KiB page."""
-
-    fast_ns: float = 100.0  # one access served by the fast node
-    slow_ns: float = 250.0  # one access served by the slow node
-    migrate_us: float = 3.0  # fixed kernel cost per page migrated
-    migrate_mb_s: float = 4000.0  # copy bandwidth of a migration (MB = 2**20 bytes)
-    accesses_per_count: float = 1.0  # real accesses per recorded count
-    name: str = "custom"
-
-    def check(self) -> "CostModel":
-        for key in ("fast_ns", "slow_ns", "migrate_mb_s", "accesses_per_count"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"cost model: {key} must be > 0, got {getattr(self, key)!r}")
-        if not self.migrate_us >= 0:
-            raise ConfigError(f"cost model: migrate_us must be >= 0, got {self.migrate_us!r}")
-        return self
-
-    @property
-    def fast_s(self) -> float:
-        """Seconds per recorded count served by the fast node."""
-        return self.fast_ns * 1e-9 * self.accesses_per_count
-
-    @property
-    def slow_s(self) -> float:
-        return self.slow_ns * 1e-9 * self.accesses_per_count
-
-    @property
-    def page_move_s(self) -> float:
-        """Seconds to migrate one 4 KiB page."""
-        return self.migrate_us * 1e-6 + PAGE_SIZE / (self.migrate_mb_s * MB)
 
 
 PRESETS = {
@@ -134,8 +100,6 @@ def cost_model(preset: str = "dram-cxl", base_file=None, **overrides) -> CostMod
     """A preset, or the model in ``base_file`` (written by ``pagetier bench costmodel``), with
     some numbers overridden (None values are ignored)."""
     if base_file is not None:
-        from pagetier.policies.costmodel import load
-
         base = load(base_file)
     elif preset not in PRESETS:
         raise ConfigError(f"unknown cost preset {preset!r} (known: {', '.join(PRESETS)})")
