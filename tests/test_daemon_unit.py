@@ -208,14 +208,6 @@ def test_node_meminfo(tmp_path):
     assert config_mod.node_meminfo(0, tmp_path)["MemFree"] == 1024000 * 1024
 
 
-# --------------------------------------------------------------------------- rate
-@pytest.mark.parametrize("rate,interval,pages", [
-    (512, 1.0, 131072), (4, 1.0, 1024), (4, 0.5, 512), (0, 1.0, 1 << 62), (0.001, 1.0, 1),
-])
-def test_rate_pages(rate, interval, pages):
-    assert planner.rate_pages(rate, interval) == pages
-
-
 # --------------------------------------------------------------------------- the loop
 def test_budget_enforced_against_greedy_policy(tmp_path):
     d = make_daemon(tmp_path, units=4096, hot=4096, budget="8M")  # wants 16 MiB on fast
