@@ -10,10 +10,13 @@ One interval (:meth:`Daemon.step`):
    the fast capacity: what the fast node can hold for the targets (their units on it plus its
    room above the high watermark). When that is below the budget the node is the limit, and
    the policy exchanges: it demotes colder units to make room for hotter ones;
-4. demotions first (the policy's, then the daemon's own when the targets are over budget,
-   coldest first), then the promotions that fit in the budget left and the rate left — the
-   daemon enforces both whatever the policy returns;
-5. the moves (``mover.move``; nothing in a dry run), recorded in the state; units whose pages
+4. the move planner (pagetier/core/planner.py, the simulator's too): demotions first (the
+   policy's, then the daemon's own when the targets are over budget, coldest first), then the
+   promotions that fit in the budget left, the rate left and the fast node's room — the
+   daemon enforces all three whatever the policy returns;
+5. the moves (daemon/executor.py over ``mover.move``; nothing in a dry run), recorded in the
+   state; the promotions are planned again after the demotions ran (the kernel may refuse
+   some); units whose pages
    are gone are forgotten, a full node (ENOMEM) ends this interval's moves, units whose move
    failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
    promotions stop at the fast node's high watermark (move_pages into a node without room
@@ -60,7 +63,6 @@ from pagetier.daemon import report
 from pagetier.daemon.clock import Clock
 from pagetier.daemon.executor import Executor, new_tally
 from pagetier.daemon.numab import NumaBalancing, run_dir
-from pagetier.daemon.report import human_line  # noqa: F401  (daemon.loop.human_line)
 from pagetier.daemon.targets import Targets
 from pagetier.errors import ConfigError, PagetierError
 from pagetier.profiler import base as profiler_base
