@@ -41,7 +41,7 @@ setup(
     license="GPL-2.0-only",
     python_requires=">=3.11",
     # One import package, pagetier; its parts live in the repository's top-level folders.
-    packages=["pagetier", "pagetier.profiler", "pagetier.daemon", "pagetier.policies"],
+    packages=["pagetier", "pagetier.core", "pagetier.profiler", "pagetier.daemon", "pagetier.policies"],
     package_dir={
         "pagetier": "pagetier",
         "pagetier.profiler": "profiler",
@@ -70,7 +70,9 @@ setup(
     ],
     extras_require={
         # build: tests/test_packaging.py builds the sdist and wheel as a release would
-        "test": ["pytest>=7.4,<10", "virtme-ng>=1.30,<2", "gymnasium>=0.29,<2", "build>=1,<2"],
+        # import-linter: tests/test_layering.py checks the layers (contracts in pyproject.toml)
+        "test": ["pytest>=7.4,<10", "virtme-ng>=1.30,<2", "gymnasium>=0.29,<2", "build>=1,<2",
+                 "import-linter>=2.16,<3"],
         "trace": [],  # kept for old install lines: pyarrow and pandas are core now
         "rl": ["gymnasium>=0.29,<2"],
         "ilp": ["highspy>=1.7,<2"],  # kept for old install lines: highspy is core now

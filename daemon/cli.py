@@ -119,8 +119,8 @@ def _daemon(cfg, kw, **targets):
         profiler.close()
         raise
     numab = NumaBalancing(dry_run=cfg.dry_run)
-    return Daemon(cfg, profiler=profiler, policy=policy, numab=numab, duration=kw["duration"],
-                  config_path=kw["config_path"], overrides=kw["_overrides"], **targets)
+    cfg.duration = kw["duration"]
+    return Daemon(cfg, profiler=profiler, policy=policy, numab=numab, **targets)
 
 
 EPILOG_RUN = """\b
@@ -154,8 +154,7 @@ def run_cmd(cmd, **kw):
             child = subprocess.Popen(list(cmd), env=env)
         except OSError as e:
             raise PagetierError(f"cannot start {cmd[0]}: {e.strerror}")
-        daemon.child = child
-        daemon._initial.append(child.pid)
+        daemon.adopt(child)
         rc = daemon.run()
     except BaseException:
         ch = daemon.child

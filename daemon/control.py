@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pagetier.daemon.numab import run_dir
 from pagetier.errors import ConfigError, PagetierError
+from pagetier.policies.base import Annotation
 
 log = logging.getLogger("pagetier.daemon")
 
@@ -61,8 +63,6 @@ class RequestError(PagetierError):
 
 def default_path() -> Path:
     """$PAGETIER_SOCKET, else run_dir()/control.sock."""
-    from pagetier.daemon.numab import run_dir
-
     env = os.environ.get("PAGETIER_SOCKET")
     return Path(env) if env else run_dir() / "control.sock"
 
@@ -112,8 +112,6 @@ def _pid_arg(req: dict) -> int:
 
 def annotation(pid: int, req: dict):
     """The policies.Annotation an annotation request stands for (RequestError if malformed)."""
-    from pagetier.policies.base import Annotation
-
     op = req["op"]
     ev = Annotation(pid=pid, op=op)
     if op == "add_layer":

@@ -257,7 +257,7 @@ class PageTracker:
         self.moved = self.ping_pongs = 0
 
     def _query(self):
-        from pagetier.daemon import mover
+        from pagetier.core import mover
 
         return mover.query_nodes(self.pid, self.addrs)
 
@@ -336,7 +336,7 @@ def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
             out = os.fdopen(w, "w")
             profiler = create_profiler(cfg)
             daemon = Daemon(cfg, pids=[pid], profiler=profiler, policy=create_policy(cfg),
-                            numab=NumaBalancing(), out=out, overrides=overrides)
+                            numab=NumaBalancing(), out=out)
             rc = daemon.run()
             out.flush()
         except BaseException:

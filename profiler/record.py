@@ -107,7 +107,7 @@ def fill_nodes(sample) -> None:
     if not unknown.any():
         return
     try:
-        from pagetier.daemon import mover
+        from pagetier.core import mover
 
         nodes = mover.query_nodes(sample.pid, sample.addr[unknown])
     except Exception:  # no libnuma, no permission, process gone: nodes stay unknown

@@ -10,7 +10,7 @@ from pagetier.errors import ConfigError  # noqa: E402
 from pagetier.policies import create, rl, synth  # noqa: E402
 from pagetier.policies.base import Context  # noqa: E402
 from pagetier.policies.simulate import SimConfig, cost_model, simulate  # noqa: E402
-from pagetier.daemon.state import PageState  # noqa: E402
+from pagetier.core.state import PageState  # noqa: E402
 from pagetier.profiler.base import Sample  # noqa: E402
 
 COST = cost_model("dram-cxl")

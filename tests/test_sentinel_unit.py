@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from pagetier import annotate, policies
+from pagetier.core.state import PageState
 from pagetier.daemon import control
-from pagetier.daemon.state import PageState
+from pagetier.daemon.clock import Clock
 from pagetier.errors import ConfigError
 from pagetier.policies import simulate as sim
 from pagetier.policies import synth
@@ -336,8 +337,9 @@ def test_annotation_request_validation():
 # --------------------------------------------------------------------------- daemon + client
 @pytest.fixture
 def daemon(tmp_path):
+    # the real clock: a thread serves the socket and the test waits for its answers
     d = make_daemon(tmp_path, policy="sentinel", pids=(os.getpid(),), budget="64K",
-                    control_path=tmp_path / "ctl.sock")
+                    control_socket=tmp_path / "ctl.sock", clock=Clock())
     d.open_control()
     assert d.control is not None
     stop = threading.Event()
@@ -387,7 +389,8 @@ def test_daemon_annotations_reach_the_policy(daemon, tmp_path):
 
 
 def test_client_not_managed(tmp_path):
-    d = make_daemon(tmp_path, policy="sentinel", pids=(4242,), control_path=tmp_path / "c.sock")
+    d = make_daemon(tmp_path, policy="sentinel", pids=(4242,), control_socket=tmp_path / "c.sock",
+                    clock=Clock())
     d.open_control()
     stop = threading.Event()
     th = threading.Thread(target=lambda: [d._serve(0.02) for _ in iter(stop.is_set, True)], daemon=True)

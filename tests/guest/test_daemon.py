@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pagetier.daemon import mover
+from pagetier.core import mover
 from pagetier.workload import Workload, binary
 
 from helpers import split_json_lines

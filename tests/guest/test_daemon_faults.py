@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from pagetier.daemon import mover
+from pagetier.core import mover
 from pagetier.profiler import kmod
 from pagetier.workload import Workload
 

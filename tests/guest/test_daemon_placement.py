@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from pagetier.daemon import mover
+from pagetier.core import mover
 from pagetier.profiler import kmod
 from pagetier.workload import Workload, binary
 

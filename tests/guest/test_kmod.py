@@ -272,7 +272,7 @@ def test_target_that_calls_execve_is_followed(dev):
 def test_unmark_makes_marked_pages_movable(dev):
     """Cold pages the fault mode left PROT_NONE move with move_pages after UNMARK (6.1's
     move_pages skips protnone entries)."""
-    from pagetier.daemon import mover
+    from pagetier.core import mover
 
     with Workload("--size", "32", "--hot", "4", "--duration", "0", "--quiet", "--no-thp") as w:
         # a slow scan, so that none re-marks the pages between the unmark and the move
