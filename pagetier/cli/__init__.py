@@ -1,4 +1,9 @@
-"""The pagetier command: one click group; each subcommand lives in the module that owns it."""
+"""The pagetier command: one click group, one module of pagetier/cli/ per command.
+
+The CLI is the top layer: it parses options and prints; what a command does lives in profiler/,
+daemon/, policies/ and pagetier/bench/, which never import from here. Each command module is
+loaded only when its command runs (``pagetier --help`` imports none of them).
+"""
 from __future__ import annotations
 
 import importlib
@@ -9,20 +14,19 @@ import click
 from pagetier import __version__
 from pagetier.errors import PagetierError
 
-# subcommand name -> module holding a click command named `command`
+# subcommand name -> module of pagetier/cli/ holding a click command named `command`
 COMMANDS = {
-    "vm": "pagetier.vm",
-    "demo": "pagetier.demo",
-    "kmod": "pagetier.profiler.kmod_cli",
-    "run": "pagetier.daemon.cli",
-    "attach": "pagetier.daemon.cli",
-    "status": "pagetier.daemon.cli",
-    "workload": "pagetier.workload",
-    "train-rl": "pagetier.policies.sim_cli",
-    "bench": "pagetier.policies.sim_cli",
-    "record": "pagetier.profiler.record",
-    "heatmap": "pagetier.profiler.heatmap",
-    "report": "pagetier.profiler.report",
+    "attach": "pagetier.cli.attach",
+    "bench": "pagetier.cli.bench",
+    "demo": "pagetier.cli.demo",
+    "heatmap": "pagetier.cli.heatmap",
+    "kmod": "pagetier.cli.kmod",
+    "record": "pagetier.cli.record",
+    "report": "pagetier.cli.report",
+    "run": "pagetier.cli.run",
+    "status": "pagetier.cli.status",
+    "train-rl": "pagetier.cli.train_rl",
+    "workload": "pagetier.cli.workload",
 }
 
 
@@ -34,13 +38,7 @@ class LazyGroup(click.Group):
         mod = COMMANDS.get(name)
         if mod is None:
             return None
-        try:
-            module = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name == mod:  # not built yet
-                return None
-            raise
-        return getattr(module, "commands", {}).get(name) or getattr(module, "command", None)
+        return importlib.import_module(mod).command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,7 +53,3 @@ def main(argv=None):
     except PagetierError as e:
         click.echo(f"pagetier: {e}", err=True)
         sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()
