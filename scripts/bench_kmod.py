@@ -184,9 +184,10 @@ def main() -> int:
                     help="modes of the frequency table (fault, fault-marks, abit)")
     ap.add_argument("--skip-modes", action="store_true", help="only the frequency table")
     a = ap.parse_args()
-    from pagetier import vm
+    from pagetier.checkout import in_guest, test_vm
 
-    if not vm.in_guest():
+    if not in_guest():
+        vm = test_vm()
         from pagetier.workload import binary
 
         binary()

@@ -28,9 +28,9 @@ buffer, in percent of one CPU: pagetier.ko's ``scan_ns`` (STATS; for bpf, the ti
 marker that makes its faults, the BPF program's own time is not counted), or the kdamond
 thread's user + system time from /proc/PID/stat.
 
-    pagetier vm run -k 6.12 -- python scripts/bench_profilers.py            # the full grid
-    pagetier vm run -k 6.12 -- python scripts/bench_profilers.py --quick    # noise 0 and 100, THP on
-    pagetier vm run -k 6.1 -- python scripts/bench_profilers.py --only kmod-fault --noise 100
+    scripts/vm -k 6.12 -- python scripts/bench_profilers.py            # the full grid
+    scripts/vm -k 6.12 -- python scripts/bench_profilers.py --quick    # noise 0 and 100, THP on
+    scripts/vm -k 6.1 -- python scripts/bench_profilers.py --only kmod-fault --noise 100
 
 The cost before a change: save a run's cells with ``--save FILE`` (e.g. on main, before a
 module change), then give it as ``--baseline FILE`` to a later run: each cell then also shows

@@ -302,7 +302,7 @@ def test_run_returns_child_status_and_writes_status(tmp_path):
     assert prof.closed and not (tmp_path / "daemon-1.json").exists()
     assert seen and seen[-1]["targets"][0]["pid"] == child.pid
     assert seen[-1]["last"]["interval"] >= 2
-    from pagetier.daemon.cli import format_status
+    from pagetier.daemon.status import format_status
 
     text = format_status({**seen[-1], "alive": True})
     assert f"pid {os.getpid()}" in text and "targets:" in text
