@@ -14,7 +14,7 @@
 Usage:
   .venv/bin/python scripts/bench_daemon.py [--sizes 64M,256M,1G,4G] [--intervals 5]
                                            [--move-size 64M] [--rounds 6] [--policy heuristic]
-  pagetier vm run -- .venv/bin/python scripts/bench_daemon.py --sizes 64M --move-size 256M
+  scripts/vm -- .venv/bin/python scripts/bench_daemon.py --sizes 64M --move-size 256M
 """
 from __future__ import annotations
 

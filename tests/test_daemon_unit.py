@@ -315,7 +315,7 @@ def test_run_returns_child_status_and_writes_status(tmp_path):
     assert seen and seen[-1]["targets"][0]["pid"] == child.pid
     assert seen[-1]["last"]["interval"] == 3 and d.stop_reason == "all targets exited"
     assert seen[-1]["last"]["t"] == pytest.approx(0.3)  # three intervals of the fake clock
-    from pagetier.daemon.cli import format_status
+    from pagetier.daemon.status import format_status
 
     text = format_status({**seen[-1], "alive": True})
     assert f"pid {os.getpid()}" in text and "targets:" in text

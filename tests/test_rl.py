@@ -111,7 +111,7 @@ def test_rl_policy_obeys_budget_and_rate(budget, max_moves):
 def test_train_rl_cli(tmp_path):
     from click.testing import CliRunner
 
-    from pagetier.policies.sim_cli import train_rl
+    from pagetier.cli.train_rl import command as train_rl
 
     out = tmp_path / "model.npz"
     res = CliRunner().invoke(train_rl, ["synth:hotcold:pages=128,intervals=8,accesses=2000",

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from pagetier import annotate, policies
+from pagetier import annotate, policies, protocol
 from pagetier.core.state import PageState
 from pagetier.daemon import control
 from pagetier.daemon.clock import Clock
@@ -258,7 +258,7 @@ def test_protocol(echo_server):
     # no reply for reply:false; two requests in one packet, one split over two sends
     s.sendall(b'{"op": "add_layer", "reply": false}\n{"op": "hel')
     time.sleep(0.1)
-    assert ask(s, b'lo"}\n') == {"ok": True, "echo": "hello"}
+    assert ask(s, b'lo"}\n') == {"ok": True, "echo": "hello", "version": protocol.VERSION}
     assert [r["op"] for _, r in seen[-2:]] == ["add_layer", "hello"]
     s.close()
     s = connect(srv.path)  # the server survived all of it

@@ -5,7 +5,7 @@ import platform
 
 import pytest
 
-from pagetier.vm import in_guest
+from pagetier.checkout import in_guest
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pagetier import live_bench, live_table, tiering
+from pagetier.bench import kernel_tiering as tiering, live as live_bench, live_table
 from pagetier.profiler import damon, kmod
 
 pytestmark = pytest.mark.vm

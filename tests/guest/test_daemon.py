@@ -1,6 +1,6 @@
 """The daemon end to end in the two-node VM (root, node 0 fast with the CPUs, node 1 slow).
 
-    pagetier vm run -k 6.12 -- .venv/bin/python -m pytest -x -q tests/guest/test_daemon.py
+    scripts/vm -k 6.12 -- .venv/bin/python -m pytest -x -q tests/guest/test_daemon.py
 
 The built-in workload (hotcold) first-touches its buffer on node 1 and reports, once a second,
 the fraction of its hot pages on node 0 (a move_pages query of its own): that is the truth the
