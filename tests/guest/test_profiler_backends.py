@@ -89,9 +89,13 @@ def test_backend_finds_hot_set(name, kernel_series, tmp_path, request):
             pytest.skip(f"bpf backend unavailable here: {e}")
         raise
     RESULTS[name] = res
+    per = res["per_interval"]
+    hot = np.mean([x["hot_freq"] for x in per]) if per else float("nan")
+    cold = np.mean([x["cold_freq"] for x in per]) if per else float("nan")
     _show(request, f"[profilers] {name:<15} precision {res['precision']:.3f} "
                    f"recall {res['recall']:.3f} ({res['pages_counted']} pages counted, "
-                   f"{res['hot_pages']} hot, {res['seconds']} s)")
+                   f"{res['hot_pages']} hot, {res['seconds']} s); per page hot {hot:.3f}/s, "
+                   f"the rest {cold:.3f}/s")
     assert res["workload_exit"] == 0, "workload memory corrupted"
     tr = read_trace(res["trace"])
     assert tr.meta["backend"] == backend and tr.meta["pids"]
@@ -103,9 +107,7 @@ def test_backend_finds_hot_set(name, kernel_series, tmp_path, request):
     assert res["precision"] >= pmin and res["recall"] >= rmin, res
     # what a user looks at in the trace: per page, the hot range hotter than the rest (over the
     # reads after the first; a starved recorder may have made only one)
-    if res["per_interval"]:
-        hot = np.mean([x["hot_freq"] for x in res["per_interval"]])
-        cold = np.mean([x["cold_freq"] for x in res["per_interval"]])
+    if per:
         assert hot > cold, f"{name}: hot range {hot:.3f}/s per page, the rest {cold:.3f}/s"
 
 
