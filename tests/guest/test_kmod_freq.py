@@ -9,25 +9,11 @@ from pagetier import uapi
 from pagetier.profiler import kmod
 from pagetier.workload import Workload
 
-from helpers import faults_in, fresh_module, wait_scans
+from helpers import faults_in, targets, wait_scans
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kmod_fresh")]
 
 PERIOD_MS = 500
-
-
-@pytest.fixture(scope="module", autouse=True)
-def module_loaded():
-    fresh_module()
-    yield
-    kmod.unload_module()
-
-
-@pytest.fixture
-def dev():
-    d = kmod.Device()
-    yield d
-    d.close()
 
 
 def _units(rec: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -147,7 +133,7 @@ def test_detach_after_probes_leaves_nothing_marked(dev, thp):
         assert w.stop() == 0
     assert st["units_probed"] > 0
     assert grown == 0, f"{grown} hinting faults after detach"
-    assert (kmod.SYSFS / "targets").read_text() == ""
+    assert targets() == ""
 
 
 def test_record_layout_has_freq(dev):
