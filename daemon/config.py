@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pagetier.core.units import parse_size
 from pagetier.errors import ConfigError, Unavailable
 
 NODE_ROOT = Path("/sys/devices/system/node")
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 @dataclass
@@ -36,6 +35,14 @@ class Config:
     json: bool = False  # one JSON stats line per interval on stdout
     ping_pong_window: int = 4  # a unit moved back within this many intervals is a ping-pong
     control_socket: str | None = None  # default: $PAGETIER_SOCKET, else run_dir()/control.sock
+    # Not in the file: set by the command line or the caller (RUNTIME_KEYS).
+    duration: float | None = None  # stop after this many seconds (--duration)
+    status_file: str | None = None  # default: run_dir()/daemon-PID.json
+    handle_signals: bool = True  # SIGTERM/SIGINT stop, SIGHUP reloads (main thread only)
+    node_root: Path = NODE_ROOT  # sysfs nodes (meminfo)
+    zoneinfo: Path = Path("/proc/zoneinfo")  # the fast node's watermarks
+    config_path: str | None = field(default=None, compare=False)  # the file SIGHUP reloads
+    overrides: dict | None = field(default=None, compare=False)  # the command line's, kept on reload
     source: str = field(default="defaults", compare=False)  # where the values came from
 
     def check(self) -> None:
@@ -73,22 +80,6 @@ _TYPES = {
     "control_socket": ((str,), "a path"),
 }
 KEYS = tuple(_TYPES)
-
-
-def parse_size(value, key: str = "size", where: str = "") -> int:
-    """Bytes from an int or a string like "96M", "2G", "512K", "4096", "1.5G", "96MiB"."""
-    pre = f"{where}: " if where else ""
-    if isinstance(value, bool):
-        raise ConfigError(f"{pre}{key} must be a size like \"96M\", got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{pre}{key} must not be negative, got {value}")
-        return value
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", value, re.IGNORECASE)
-        if m:
-            return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    raise ConfigError(f"{pre}{key} must be a size like \"96M\" or \"2G\" (binary units), got {value!r}")
 
 
 def _validate(raw: dict, where: str) -> dict:
@@ -140,14 +131,21 @@ def load(path: str | os.PathLike | None = None, overrides: dict | None = None) -
                 parsed[key] = {**values.get(key, {}), **parsed[key]}
         values.update(parsed)
         sources.append("command line")
-    cfg = Config(**values, source=" + ".join(sources) or "defaults")
+    cfg = Config(**values, config_path=None if path is None else str(path), overrides=overrides,
+                 source=" + ".join(sources) or "defaults")
     cfg.check()
     return cfg
 
 
+RUNTIME_KEYS = ("duration", "status_file", "handle_signals", "node_root", "zoneinfo",
+                "config_path", "overrides")
+
+
 def as_dict(cfg: Config) -> dict:
+    """The configuration's keys (those a config file may set) and values."""
     d = dataclasses.asdict(cfg)
-    d.pop("source")
+    for key in ("source", *RUNTIME_KEYS):
+        d.pop(key)
     return d
 
 

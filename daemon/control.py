@@ -23,7 +23,6 @@ the daemon's thread, between intervals, with no locking.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import selectors
@@ -34,13 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pagetier import protocol
 from pagetier.errors import ConfigError, PagetierError
+from pagetier.policies.base import Annotation
+from pagetier.protocol import ANNOTATION_OPS, MAX_LINE, OPS  # noqa: F401  (the wire protocol)
 
 log = logging.getLogger("pagetier.daemon")
 
-ANNOTATION_OPS = ("hello", "start_profile", "end_profile", "add_layer", "register", "unregister")
-OPS = (*ANNOTATION_OPS, "attach", "detach", "status")
-MAX_LINE = 64 << 10  # a longer request is an error and closes the connection
 MAX_CLIENTS = 256
 MAX_PER_USER = 16  # connections one unprivileged user may hold: one user cannot lock out others
 _SUN_PATH_MAX = 107
@@ -61,10 +60,7 @@ class RequestError(PagetierError):
 
 def default_path() -> Path:
     """$PAGETIER_SOCKET, else run_dir()/control.sock."""
-    from pagetier.daemon.numab import run_dir
-
-    env = os.environ.get("PAGETIER_SOCKET")
-    return Path(env) if env else run_dir() / "control.sock"
+    return protocol.socket_path()
 
 
 def peer_cred(sock: socket.socket) -> Peer:
@@ -112,8 +108,6 @@ def _pid_arg(req: dict) -> int:
 
 def annotation(pid: int, req: dict):
     """The policies.Annotation an annotation request stands for (RequestError if malformed)."""
-    from pagetier.policies.base import Annotation
-
     op = req["op"]
     ev = Annotation(pid=pid, op=op)
     if op == "add_layer":
@@ -262,7 +256,7 @@ class ControlServer:
         want_reply = True
         try:
             try:
-                req = json.loads(line)
+                req = protocol.decode(line)
             except ValueError as e:
                 raise RequestError(f"not a JSON request: {e}") from None
             if not isinstance(req, dict):
@@ -273,6 +267,8 @@ class ControlServer:
                 raise RequestError(f"unknown op {op!r} (known: {', '.join(OPS)})")
             reply = self.handler(c.peer, req) or {}
             reply = {"ok": True, **reply}
+            if op == "hello":
+                reply.setdefault("version", protocol.VERSION)
         except RequestError as e:
             reply = {"ok": False, "error": str(e)}
             if not want_reply:
@@ -284,7 +280,7 @@ class ControlServer:
             self._send(c, reply)
 
     def _send(self, c: _Conn, reply: dict) -> None:
-        data = (json.dumps(reply, separators=(",", ":")) + "\n").encode()
+        data = protocol.encode(reply)
         try:
             c.sock.setblocking(True)
             c.sock.settimeout(1.0)  # a client that never reads cannot stall the daemon long
@@ -315,7 +311,7 @@ def request(path: str | os.PathLike, req: dict, timeout: float = 10.0) -> dict:
     s.settimeout(timeout)
     try:
         s.connect(str(path))
-        s.sendall((json.dumps(req) + "\n").encode())
+        s.sendall(protocol.encode(req))
         buf = b""
         while b"\n" not in buf:
             chunk = s.recv(1 << 16)
@@ -332,4 +328,4 @@ def request(path: str | os.PathLike, req: dict, timeout: float = 10.0) -> dict:
         raise PagetierError(f"control socket {path}: no reply in {timeout:g} s") from None
     finally:
         s.close()
-    return json.loads(buf.split(b"\n", 1)[0])
+    return protocol.decode(buf.split(b"\n", 1)[0])

@@ -19,6 +19,18 @@ pte_t *(*pt_pte_offset_map_lock)(struct mm_struct *mm, pmd_t *pmd, unsigned long
 				 spinlock_t **ptlp);
 #endif
 
+#ifdef CONFIG_MMU_NOTIFIER
+/* the bodies of the header's mmu_notifier_* inlines, which modules cannot link to */
+int (*pt_mn_invalidate_range_start)(struct mmu_notifier_range *r);
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 6, 0)
+void (*pt_mn_invalidate_range_end)(struct mmu_notifier_range *r);
+#else
+void (*pt_mn_invalidate_range_end)(struct mmu_notifier_range *r, bool only_end);
+#endif
+int (*pt_mn_clear_young)(struct mm_struct *mm, unsigned long start, unsigned long end);
+int (*pt_mn_test_young)(struct mm_struct *mm, unsigned long address);
+#endif
+
 static unsigned long (*pt_kallsyms_lookup_name)(const char *name);
 
 #ifdef CONFIG_ARCH_HAS_CC_PLATFORM
@@ -66,6 +78,18 @@ int pagetier_ksyms_init(void)
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 5, 0)
 	if (!ret)
 		ret = lookup("__pte_offset_map_lock", (void **)&pt_pte_offset_map_lock);
+#endif
+#ifdef CONFIG_MMU_NOTIFIER
+	if (!ret)
+		ret = lookup("__mmu_notifier_invalidate_range_start",
+			     (void **)&pt_mn_invalidate_range_start);
+	if (!ret)
+		ret = lookup("__mmu_notifier_invalidate_range_end",
+			     (void **)&pt_mn_invalidate_range_end);
+	if (!ret)
+		ret = lookup("__mmu_notifier_clear_young", (void **)&pt_mn_clear_young);
+	if (!ret)
+		ret = lookup("__mmu_notifier_test_young", (void **)&pt_mn_test_young);
 #endif
 #ifdef CONFIG_ARCH_HAS_CC_PLATFORM
 	if (!ret) {

@@ -16,7 +16,7 @@ static bool abit_pte(struct pagetier_target *t, struct vm_area_struct *vma, unsi
 {
 	if (pte_protnone(ptep_get(ptep)))
 		return false; /* a hinting mark, not a mapping the CPU can use */
-	return test_and_clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)&ptep->pte);
+	return pagetier_young(vma, addr, PAGE_SIZE, (unsigned long *)&ptep->pte, true);
 }
 
 static bool abit_pmd(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
@@ -24,32 +24,33 @@ static bool abit_pmd(struct pagetier_target *t, struct vm_area_struct *vma, unsi
 {
 	if (pmd_protnone(*pmdp))
 		return false;
-	return test_and_clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pmdp);
+	return pagetier_young(vma, addr, HPAGE_PMD_SIZE, (unsigned long *)pmdp, true);
 }
 
-/* A probe arms by clearing the Accessed bit and tests whether the CPU set it again. */
-static unsigned int abit_probe(unsigned long *word, bool test, bool arm)
-{
-	bool young = arm ? test_and_clear_bit(_PAGE_BIT_ACCESSED, word) :
-			   test_bit(_PAGE_BIT_ACCESSED, word);
-
-	return (test && young ? PT_PROBE_HIT : 0) | (arm ? PT_PROBE_ARMED : 0);
-}
-
+/*
+ * A probe arms by clearing the Accessed bit and tests whether the CPU (or a secondary MMU) set
+ * it again.
+ */
 static unsigned int abit_probe_pte(struct pagetier_target *t, struct vm_area_struct *vma,
 				   unsigned long addr, pte_t *ptep, bool test, bool arm)
 {
+	bool young;
+
 	if (pte_protnone(ptep_get(ptep)))
 		return 0;
-	return abit_probe((unsigned long *)&ptep->pte, test, arm);
+	young = pagetier_young(vma, addr, PAGE_SIZE, (unsigned long *)&ptep->pte, arm);
+	return (test && young ? PT_PROBE_HIT : 0) | (arm ? PT_PROBE_ARMED : 0);
 }
 
 static unsigned int abit_probe_pmd(struct pagetier_target *t, struct vm_area_struct *vma,
 				   unsigned long addr, pmd_t *pmdp, bool test, bool arm)
 {
+	bool young;
+
 	if (pmd_protnone(*pmdp))
 		return 0;
-	return abit_probe((unsigned long *)pmdp, test, arm);
+	young = pagetier_young(vma, addr, HPAGE_PMD_SIZE, (unsigned long *)pmdp, arm);
+	return (test && young ? PT_PROBE_HIT : 0) | (arm ? PT_PROBE_ARMED : 0);
 }
 
 const struct pagetier_mode_ops pagetier_abit_ops = {

@@ -94,15 +94,19 @@ static unsigned int fault_probe_pte(struct pagetier_target *t, struct vm_area_st
 	pte_t pte = ptep_get(ptep);
 	unsigned int ret = 0;
 
-	if (test && !pte_protnone(pte) && (marks || pte_young(pte)))
+	if (!marks) {
+		/* the CPU's bit and the secondary MMUs' (notifiers) */
+		if (!pte_protnone(pte) &&
+		    pagetier_young(vma, addr, PAGE_SIZE, (unsigned long *)&ptep->pte, arm) && test)
+			ret |= PT_PROBE_HIT;
+		return ret | (arm ? PT_PROBE_ARMED : 0);
+	}
+	if (test && !pte_protnone(pte))
 		ret |= PT_PROBE_HIT;
 	if (!arm)
 		return ret;
-	if (marks)
-		mark_pte(vma, addr, ptep);
-	else if (!pte_protnone(pte))
-		clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)&ptep->pte);
-	if (!marks || pte_protnone(ptep_get(ptep)))
+	mark_pte(vma, addr, ptep);
+	if (pte_protnone(ptep_get(ptep)))
 		ret |= PT_PROBE_ARMED;
 	return ret;
 }
@@ -114,15 +118,18 @@ static unsigned int fault_probe_pmd(struct pagetier_target *t, struct vm_area_st
 	pmd_t pmd = *pmdp;
 	unsigned int ret = 0;
 
-	if (test && !pmd_protnone(pmd) && (marks || pmd_young(pmd)))
+	if (!marks) {
+		if (!pmd_protnone(pmd) &&
+		    pagetier_young(vma, addr, HPAGE_PMD_SIZE, (unsigned long *)pmdp, arm) && test)
+			ret |= PT_PROBE_HIT;
+		return ret | (arm ? PT_PROBE_ARMED : 0);
+	}
+	if (test && !pmd_protnone(pmd))
 		ret |= PT_PROBE_HIT;
 	if (!arm)
 		return ret;
-	if (marks)
-		mark_pmd(vma, addr, pmdp);
-	else if (!pmd_protnone(pmd))
-		clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pmdp);
-	if (!marks || pmd_protnone(*pmdp))
+	mark_pmd(vma, addr, pmdp);
+	if (pmd_protnone(*pmdp))
 		ret |= PT_PROBE_ARMED;
 	return ret;
 }
@@ -162,7 +169,8 @@ static void restore_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, uns
 /* Make every page of the target accessible again (mmap_lock held for read). */
 static void fault_detach(struct pagetier_target *t)
 {
-	struct pagetier_walk w = { .pte = restore_pte, .pmd = restore_pmd, .t = t };
+	struct pagetier_walk w = { .pte = restore_pte, .pmd = restore_pmd, .t = t,
+				   .protects = true };
 
 	pagetier_walk_all(&w);
 }
@@ -171,7 +179,8 @@ static void fault_detach(struct pagetier_target *t)
 static unsigned long fault_unmark(struct pagetier_target *t, const u64 *addrs, unsigned long nr)
 {
 	unsigned long i, done = 0;
-	struct pagetier_walk w = { .pte = restore_pte, .pmd = restore_pmd, .t = t, .priv = &done };
+	struct pagetier_walk w = { .pte = restore_pte, .pmd = restore_pmd, .t = t, .priv = &done,
+				   .protects = true };
 
 	for (i = 0; i < nr; i++) {
 		pagetier_walk_addr(&w, addrs[i]);
@@ -187,6 +196,7 @@ const struct pagetier_mode_ops pagetier_fault_ops = {
 	.pte = fault_pte,
 	.pmd = fault_pmd,
 	.flush = true,
+	.protects = true,
 	.detach = fault_detach,
 	.unmark = fault_unmark,
 	.probe_pte = fault_probe_pte,

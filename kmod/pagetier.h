@@ -10,6 +10,7 @@
 #include <linux/kref.h>
 #include <linux/list.h>
 #include <linux/mm.h>
+#include <linux/mmu_notifier.h>
 #include <linux/pid.h>
 #include <linux/rwsem.h>
 #include <linux/version.h>
@@ -55,6 +56,7 @@ struct pagetier_mode_ops {
 	bool (*pmd)(struct pagetier_target *t, struct vm_area_struct *vma, unsigned long addr,
 		    pmd_t *pmdp, bool sample);
 	bool flush;
+	bool protects; /* @pte and @pmd change protections: invalidate secondary MMUs around them */
 	void (*detach)(struct pagetier_target *t);
 	unsigned long (*unmark)(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
 	unsigned int (*probe_pte)(struct pagetier_target *t, struct vm_area_struct *vma,
@@ -194,6 +196,7 @@ struct pagetier_walk {
 	void (*unlocked)(struct pagetier_walk *w);
 	struct pagetier_target *t;
 	void *priv;
+	bool protects; /* @pte or @pmd may change protections (mmu notifier invalidation) */
 	unsigned long cursor;
 	unsigned long budget;
 	unsigned long entries;
@@ -227,6 +230,24 @@ extern struct kobj_attribute pagetier_probe_windows_attr;
 extern struct kobj_attribute pagetier_probe_base_us_attr;
 extern struct kobj_attribute pagetier_probe_fault_marks_attr;
 void pagetier_flush_range(struct mm_struct *mm, unsigned long start, unsigned long end);
+
+/**
+ * struct pagetier_inval - an mmu notifier invalidation in progress (secondary MMUs: KVM,
+ * devices sharing the page table), started only when the address space has notifiers.
+ * @range:	what the notifiers were told.
+ * @on:		whether they were (end it).
+ */
+struct pagetier_inval {
+#ifdef CONFIG_MMU_NOTIFIER
+	struct mmu_notifier_range range;
+#endif
+	bool on;
+};
+void pagetier_inval_start(struct pagetier_inval *iv, struct vm_area_struct *vma,
+			  unsigned long start, unsigned long end);
+void pagetier_inval_end(struct pagetier_inval *iv);
+bool pagetier_young(struct vm_area_struct *vma, unsigned long addr, unsigned long size,
+		    unsigned long *word, bool clear);
 bool pagetier_page_is_plain_anon(struct page *page);
 
 /* ksyms.c: kernel functions not exported to modules, looked up at load time */
@@ -238,6 +259,16 @@ extern bool (*pt_ptrace_may_access)(struct task_struct *task, unsigned int mode)
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 5, 0)
 extern pte_t *(*pt_pte_offset_map_lock)(struct mm_struct *mm, pmd_t *pmd, unsigned long addr,
 					spinlock_t **ptlp);
+#endif
+#ifdef CONFIG_MMU_NOTIFIER
+extern int (*pt_mn_invalidate_range_start)(struct mmu_notifier_range *r);
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 6, 0)
+extern void (*pt_mn_invalidate_range_end)(struct mmu_notifier_range *r);
+#else
+extern void (*pt_mn_invalidate_range_end)(struct mmu_notifier_range *r, bool only_end);
+#endif
+extern int (*pt_mn_clear_young)(struct mm_struct *mm, unsigned long start, unsigned long end);
+extern int (*pt_mn_test_young)(struct mm_struct *mm, unsigned long address);
 #endif
 
 /* modes */

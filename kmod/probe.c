@@ -121,6 +121,8 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 	struct mm_struct *mm = t->mm;
 	struct vm_area_struct *vma = NULL;
 	unsigned int i = 0, batches = 0;
+	bool marks = arm && ops->protects && READ_ONCE(pagetier_probe_marks);
+	struct pagetier_inval iv;
 
 	*lo = ULONG_MAX;
 	*hi = 0;
@@ -141,6 +143,10 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 			continue;
 		}
 		*lo = min(*lo, addr);
+		/* marks change protections: secondary MMUs drop the range first */
+		if (marks)
+			pagetier_inval_start(&iv, vma, max(addr & PMD_MASK, vma->vm_start),
+					     min(pmd_addr_end(addr, vma->vm_end), vma->vm_end));
 		if (pmd_trans_huge(READ_ONCE(*pmd)) || pmd_devmap(READ_ONCE(*pmd))) {
 			unsigned long start = addr & HPAGE_PMD_MASK;
 			unsigned int r = 0;
@@ -159,6 +165,8 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 		} else {
 			pte = pagetier_pte_map_lock(mm, pmd, addr, &ptl);
 			if (!pte) {
+				if (marks)
+					pagetier_inval_end(&iv);
 				probe_apply(&l->u[i++], 0, test, arm, first);
 				continue;
 			}
@@ -181,6 +189,8 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 			} while (addr >= first_addr && addr < end); /* the list is in address order */
 			pte_unmap_unlock(pte, ptl);
 		}
+		if (marks)
+			pagetier_inval_end(&iv);
 		if (++batches % 32 == 0)
 			cond_resched();
 	}

@@ -61,6 +61,89 @@ void pagetier_flush_range(struct mm_struct *mm, unsigned long start, unsigned lo
 }
 
 /**
+ * pagetier_inval_start() - tell secondary MMUs that [@start, @end) of @vma changes protection.
+ * @iv: the invalidation, ended with pagetier_inval_end().
+ * @vma: the VMA; its mmap_lock held.
+ * @start: first address.
+ * @end: end address (exclusive).
+ *
+ * What the kernel's change_protection() does around its PTE changes, with the header's inline
+ * (whose out-of-line part is not exported) done here: nothing unless the address space has
+ * notifiers. A KVM guest or a device then drops its own mapping of the range and faults it in
+ * again through the PTE, which takes the hinting fault that counts the access.
+ *
+ * Context: may sleep; no page-table lock held.
+ */
+void pagetier_inval_start(struct pagetier_inval *iv, struct vm_area_struct *vma,
+			  unsigned long start, unsigned long end)
+{
+	iv->on = false;
+#ifdef CONFIG_MMU_NOTIFIER
+	if (!mm_has_notifiers(vma->vm_mm))
+		return;
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
+	mmu_notifier_range_init(&iv->range, MMU_NOTIFY_PROTECTION_VMA, 0, vma->vm_mm, start, end);
+#else
+	mmu_notifier_range_init(&iv->range, MMU_NOTIFY_PROTECTION_VMA, 0, vma, vma->vm_mm, start,
+				end);
+#endif
+	iv->range.flags |= MMU_NOTIFIER_RANGE_BLOCKABLE;
+	pt_mn_invalidate_range_start(&iv->range);
+	iv->on = true;
+#endif
+}
+
+/**
+ * pagetier_inval_end() - end an invalidation pagetier_inval_start() began.
+ * @iv: the invalidation.
+ *
+ * Context: may sleep; no page-table lock held.
+ */
+void pagetier_inval_end(struct pagetier_inval *iv)
+{
+#ifdef CONFIG_MMU_NOTIFIER
+	if (!iv->on)
+		return;
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 6, 0)
+	pt_mn_invalidate_range_end(&iv->range);
+#else
+	pt_mn_invalidate_range_end(&iv->range, false); /* and the secondary TLBs' invalidate_range */
+#endif
+	iv->on = false;
+#endif
+}
+
+/**
+ * pagetier_young() - test (and clear) the Accessed bit of a PTE or huge PMD, secondary MMUs
+ * included, as the kernel's ptep_clear_young_notify() does.
+ * @vma: the VMA.
+ * @addr: the first address the entry maps.
+ * @size: how many bytes it maps (PAGE_SIZE or HPAGE_PMD_SIZE).
+ * @word: the entry.
+ * @clear: clear the bits too.
+ *
+ * Context: the entry's page-table lock held (the notifiers' young callbacks do not sleep).
+ * Return: true if the CPU or a secondary MMU (a KVM guest, a device) accessed the range since
+ * the bits were last cleared.
+ */
+bool pagetier_young(struct vm_area_struct *vma, unsigned long addr, unsigned long size,
+		    unsigned long *word, bool clear)
+{
+	bool young = clear ? test_and_clear_bit(_PAGE_BIT_ACCESSED, word) :
+			     test_bit(_PAGE_BIT_ACCESSED, word);
+
+#ifdef CONFIG_MMU_NOTIFIER
+	if (mm_has_notifiers(vma->vm_mm)) {
+		if (clear)
+			young |= pt_mn_clear_young(vma->vm_mm, addr, addr + size) != 0;
+		else
+			young |= pt_mn_test_young(vma->vm_mm, addr) != 0;
+	}
+#endif
+	return young;
+}
+
+/**
  * pagetier_pte_map_lock() - map the page table under @pmd and take its lock.
  * @mm: the address space.
  * @pmd: a PMD entry of @mm.
@@ -87,11 +170,14 @@ pte_t *pagetier_pte_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long add
 /*
  * The walk: one function per page-table level, each stepping over its entries at its own size,
  * so an empty PGD, P4D or PUD entry costs one check however much address space it covers (a
- * sparse multi-TiB reservation costs what its populated page tables cost). Each level counts
- * the entries it examines in w->entries and calls cond_resched() once per entry above the PMD
- * level and once per populated PMD entry, so no path runs more than one table's worth of checks
- * without a chance to reschedule. A walk with a budget stops after the page table at which the
- * budget ran out; each level returns the address it stopped at (@end when it covered the range).
+ * sparse multi-TiB reservation costs what its populated page tables cost). Runs of empty PUD,
+ * PMD and PTE entries are skipped by zero_run(), eight entries per test. Each level counts the
+ * entries it examines in w->entries and calls cond_resched() once per entry it looks at one by
+ * one above the PMD level (a run of empty PUD entries counts as one) and once per populated PMD
+ * entry, so no path runs more than one table's worth of checks without a chance to reschedule. A walk with a budget stops after the page table at
+ * which the budget ran out; each level returns the address it stopped at (@end when it covered
+ * the range). A walk whose functions change protections (w->protects) tells the mmu notifiers
+ * around each populated PMD entry it handles.
  */
 
 /* In the budget, a present entry costs this many empty ones: the mode's work and the record. */
@@ -103,16 +189,23 @@ static bool walk_spent(const struct pagetier_walk *w)
 }
 
 /*
- * How many of the @n entries of @size bytes from @p on are all zero (empty), found with
- * memchr_inv's word-at-a-time loop: the common case in the tables of a sparse mapping. An entry
- * that is not all zero is left to the caller's own check. The tables above the PTE level are
- * read without their lock here, as the kernel's walkers do: an entry filled meanwhile is seen by
- * the next scan.
+ * How many of the @n entries of @size bytes from @p on are all zero (empty): the common case in
+ * the tables of a sparse mapping, where a populated table holds one entry in 512. Eight words
+ * are ORed per step and tested once (a table costs 64 tests, not 512), then memchr_inv finds
+ * the first non-zero byte in the block that has one. An entry that is not all zero is left to
+ * the caller's own check. The tables above the PTE level are read without their lock here, as
+ * the kernel's walkers do: an entry filled meanwhile is seen by the next scan.
  */
 static unsigned long zero_run(const void *p, unsigned long n, size_t size)
 {
-	const u8 *nz = memchr_inv(p, 0, n * size);
+	const unsigned long *w = p, *end = (const unsigned long *)((const u8 *)p + n * size);
+	const u8 *nz;
 
+	while (end - w >= 8 &&
+	       !(READ_ONCE(w[0]) | READ_ONCE(w[1]) | READ_ONCE(w[2]) | READ_ONCE(w[3]) |
+		 READ_ONCE(w[4]) | READ_ONCE(w[5]) | READ_ONCE(w[6]) | READ_ONCE(w[7])))
+		w += 8;
+	nz = memchr_inv(w, 0, (const u8 *)end - (const u8 *)w);
 	return nz ? (nz - (const u8 *)p) / size : n;
 }
 
@@ -141,6 +234,7 @@ static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *v
 			       unsigned long addr, unsigned long end)
 {
 	pmd_t *pmd = pmd_offset(pud, addr), pmdval;
+	struct pagetier_inval iv;
 	unsigned long next, skip;
 	spinlock_t *ptl;
 
@@ -159,6 +253,9 @@ static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *v
 		pmdval = READ_ONCE(*pmd);
 		if (pmd_none(pmdval))
 			continue;
+		if (w->protects) /* the whole entry: a huge one changes whole */
+			pagetier_inval_start(&iv, vma, max(addr & PMD_MASK, vma->vm_start),
+					     min((addr & PMD_MASK) + PMD_SIZE, vma->vm_end));
 		if (pmd_trans_huge(pmdval) || pmd_devmap(pmdval)) {
 			ptl = pmd_lock(vma->vm_mm, pmd);
 			/* a huge PMD lies whole inside one VMA */
@@ -172,6 +269,8 @@ static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *v
 		} else {
 			walk_ptes(w, vma, pmd, addr, next);
 		}
+		if (w->protects)
+			pagetier_inval_end(&iv);
 		if (w->unlocked)
 			w->unlocked(w);
 		cond_resched();
@@ -185,9 +284,18 @@ static unsigned long walk_puds(struct pagetier_walk *w, struct vm_area_struct *v
 			       unsigned long addr, unsigned long end)
 {
 	pud_t *pud = pud_offset(p4d, addr), pudval;
-	unsigned long next, stop;
+	unsigned long next, stop, skip;
 
 	for (; addr < end; pud++, addr = next) {
+		skip = zero_run(pud, ((end - 1) >> PUD_SHIFT) - (addr >> PUD_SHIFT) + 1,
+				sizeof(*pud));
+		if (skip) {
+			w->entries += skip;
+			pud += skip;
+			addr = (addr & PUD_MASK) + skip * PUD_SIZE;
+			if (addr >= end)
+				break;
+		}
 		next = pud_addr_end(addr, end);
 		w->entries++;
 		cond_resched();
@@ -433,7 +541,7 @@ static void drop_stale(struct pagetier_target *t)
 int pagetier_scan(struct pagetier_target *t)
 {
 	struct pagetier_walk w = { .pte = scan_pte, .pmd = scan_pmd, .unlocked = scan_unlocked,
-				   .t = t };
+				   .t = t, .protects = t->ops->protects };
 	u64 t0 = ktime_get_ns();
 	struct scan_batch *b;
 
@@ -469,20 +577,25 @@ int pagetier_scan(struct pagetier_target *t)
 	mmput(t->mm);
 	t->tracked_now += b->tracked;
 	t->cursor = w.cursor;
-	WRITE_ONCE(t->walk_entries, t->walk_entries + w.entries);
-	if (w.cursor) {
-		WRITE_ONCE(t->scan_resumes, t->scan_resumes + 1);
-	} else {
+	if (!w.cursor) {
 		WRITE_ONCE(t->pages_tracked, t->tracked_now);
 		drop_stale(t);
 		t->pass_started = false;
 	}
-	WRITE_ONCE(t->scan_ns, t->scan_ns + ktime_get_ns() - t0);
+	t0 = ktime_get_ns() - t0;
 	/* then, over the units this period found accessed in the last one only, the probes */
 	pagetier_probe(t, &b->probe);
 	kvfree(b->probe.u);
 	kfree(b);
-	if (!w.cursor) /* after the probes: a reader waiting for this scan finds its frequencies */
+	/*
+	 * The walk's figures next to scans (nothing sleeps in between), so that a reader sees the
+	 * ones of the passes scans counts, not those of a pass whose probes still run.
+	 */
+	WRITE_ONCE(t->walk_entries, t->walk_entries + w.entries);
+	WRITE_ONCE(t->scan_ns, t->scan_ns + t0);
+	if (w.cursor)
+		WRITE_ONCE(t->scan_resumes, t->scan_resumes + 1);
+	else /* after the probes: a reader waiting for this scan finds its frequencies */
 		WRITE_ONCE(t->scans, t->scans + 1);
 	return 0;
 }

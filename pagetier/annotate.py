@@ -10,7 +10,7 @@
     annotate.add_layer("fwd:fc1")                    # later iterations: boundaries only
 
 Requests go over the daemon's control socket ($PAGETIER_SOCKET, which `pagetier run` sets for
-the command it starts, else /run/pagetier/control.sock). The first call connects and says
+the command it starts, else /run/pagetier/control.sock), in pagetier/protocol.py's format. The first call connects and says
 hello; when no daemon is listening, this process is not one it manages, or its policy takes no
 annotations, every call is a no-op from then on, after one warning: an application never
 breaks for want of a daemon. ``add_layer`` and ``register`` do not wait for a reply (they are on
@@ -19,20 +19,14 @@ waits until the daemon has read the counts of the layer that ended.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
 import warnings
 from pathlib import Path
 
-
-def socket_path() -> Path:
-    env = os.environ.get("PAGETIER_SOCKET")
-    if env:
-        return Path(env)
-    run = os.environ.get("PAGETIER_RUN_DIR", "/run/pagetier")
-    return Path(run) / "control.sock"
+from pagetier import protocol
+from pagetier.protocol import socket_path
 
 
 class Annotator:
@@ -70,12 +64,16 @@ class Annotator:
             return False
         self.sock = s
         try:
-            reply = self._call({"op": "hello"})
+            reply = self._call({"op": "hello", "version": protocol.VERSION})
         except OSError as e:
             self._disable(f"daemon at {path}: {e}")
             return False
         if not reply.get("ok"):
             self._disable(f"daemon at {path}: {reply.get('error')}")
+            return False
+        if reply.get("version") != protocol.VERSION:
+            self._disable(f"daemon at {path} speaks protocol version {reply.get('version')}, "
+                          f"this process {protocol.VERSION}")
             return False
         if not reply.get("annotations"):
             self._disable(f"the daemon's policy {reply.get('policy')!r} takes no annotations")
@@ -86,7 +84,7 @@ class Annotator:
     def _call(self, req: dict, wait: bool = True) -> dict:
         if not wait:
             req = {**req, "reply": False}
-        self.sock.sendall((json.dumps(req, separators=(",", ":")) + "\n").encode())
+        self.sock.sendall(protocol.encode(req))
         if not wait:
             return {"ok": True}
         while b"\n" not in self._buf:
@@ -95,7 +93,7 @@ class Annotator:
                 raise ConnectionResetError("the daemon closed the connection")
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
+        return protocol.decode(line)
 
     def send(self, req: dict, wait: bool = True) -> dict | None:
         """Send ``req``; its reply (None when disabled or not waiting). Never raises for the

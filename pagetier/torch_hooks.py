@@ -1,4 +1,5 @@
 """PyTorch integration of pagetier.annotate: layer boundaries and tensors from a model's hooks.
+It talks to the daemon through pagetier.annotate, in pagetier/protocol.py's wire format.
 
     import torch
     from pagetier import annotate, torch_hooks

@@ -1,6 +1,6 @@
 """The policy interface: which units belong on the fast node.
 
-A policy sees the daemon's PageState (pagetier.daemon.state) and a Context, and returns unit
+A policy sees the daemon's PageState (pagetier.core.state) and a Context, and returns unit
 indices to promote to the fast node and to demote to the slow node. The same object runs in
 the live daemon and in the trace simulator.
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagetier.daemon.state import NEVER
+from pagetier.core.state import NEVER
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Decision, Policy, register
 from pagetier.policies.heuristic import fill_budget, plan_moves, unit_keys

@@ -29,13 +29,49 @@ import shlex
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pagetier.core.units import MB, PAGE_SIZE
 from pagetier.errors import ConfigError, PagetierError, Unavailable
 
 FORMAT = 1
+
+
+@dataclass
+class CostModel:
+    """Per-access time on each node and the cost of migrating one 4 KiB page."""
+
+    fast_ns: float = 100.0  # one access served by the fast node
+    slow_ns: float = 250.0  # one access served by the slow node
+    migrate_us: float = 3.0  # fixed kernel cost per page migrated
+    migrate_mb_s: float = 4000.0  # copy bandwidth of a migration (MB = 2**20 bytes)
+    accesses_per_count: float = 1.0  # real accesses per recorded count
+    name: str = "custom"
+
+    def check(self) -> "CostModel":
+        for key in ("fast_ns", "slow_ns", "migrate_mb_s", "accesses_per_count"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"cost model: {key} must be > 0, got {getattr(self, key)!r}")
+        if not self.migrate_us >= 0:
+            raise ConfigError(f"cost model: migrate_us must be >= 0, got {self.migrate_us!r}")
+        return self
+
+    @property
+    def fast_s(self) -> float:
+        """Seconds per recorded count served by the fast node."""
+        return self.fast_ns * 1e-9 * self.accesses_per_count
+
+    @property
+    def slow_s(self) -> float:
+        return self.slow_ns * 1e-9 * self.accesses_per_count
+
+    @property
+    def page_move_s(self) -> float:
+        """Seconds to migrate one 4 KiB page."""
+        return self.migrate_us * 1e-6 + PAGE_SIZE / (self.migrate_mb_s * MB)
 
 
 def run_time(cmd: list[str], mem_node: int, cpu_node: int | None) -> float:
@@ -106,8 +142,6 @@ def save(path, cost, measured: dict, extra: dict) -> None:
 
 def load(path):
     """The CostModel in a file written by ``save``; ConfigError naming the file otherwise."""
-    from pagetier.policies.simulate import CostModel
-
     p = Path(path)
     try:
         doc = json.loads(p.read_text())

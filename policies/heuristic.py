@@ -2,7 +2,7 @@
 watermarks, hysteresis, a thrashing throttle and phase detection.
 
 The signal is ``state.heat``: the decayed sum of each unit's estimated accesses per second
-(daemon/state.py). Each interval the policy
+(pagetier/core/state.py). Each interval the policy
 
 1. takes the reference heat: the heat of the coldest of the hottest units that carry
    ``ref_mass`` (90%) of all the heat. Units touched now and then carry a tiny share of the
@@ -66,7 +66,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagetier.daemon.state import NEVER
+from pagetier.core.state import NEVER
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Decision, Policy, register
 

@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagetier.daemon.mover import rate_pages
+from pagetier.core.planner import rate_pages
 from pagetier.errors import ConfigError, Unavailable
 from pagetier.policies.base import Context, Decision, Policy
 from pagetier.policies.simulate import (PLACEMENTS, CostModel, SimConfig, SimResult,

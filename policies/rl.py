@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pagetier.daemon.mover import rate_pages
+from pagetier.core.planner import rate_pages
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Decision, Policy, register
 from pagetier.policies.heuristic import fill_budget, plan_moves, unit_keys
-from pagetier.policies.simulate import CostModel, capacity_pages, frame_interval_s
+from pagetier.policies.simulate import CostModel, capacity_pages, footprint, frame_interval_s
 
 MODEL_FORMAT = 1
 
@@ -419,7 +419,5 @@ class RLPolicy(Policy):
 
 def capacity_fraction(spec, frames) -> float:
     """A capacity spec (``25%``, ``64M``) as a fraction of the trace's footprint."""
-    from pagetier.policies.simulate import footprint
-
     fp = footprint(frames)
     return capacity_pages(spec, fp) / max(fp, 1)

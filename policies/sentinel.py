@@ -38,7 +38,7 @@ import numpy as np
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Annotation, Context, Decision, Policy, register
 from pagetier.policies.heuristic import Heuristic, fill_budget, plan_moves
-from pagetier.profiler.base import PAGE_SIZE
+from pagetier.core.units import PAGE_SIZE
 
 log = logging.getLogger("pagetier.policies")
 

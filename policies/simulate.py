@@ -1,10 +1,9 @@
 """The trace simulator: replay recorded (or synthetic) frames through a placement policy.
 
 The simulator runs the same objects the daemon runs: a policy from ``policies.create``, the
-daemon's PageState, a ``policies.base.Context`` per interval, and the daemon's own clipping
-(``Daemon.plan_demotions`` / ``Daemon.plan_promotions`` of daemon/loop.py, called on a small
-stand-in that has the two attributes they read, ``state`` and ``cfg``). Instead of
-``move_pages`` it keeps the placement in the PageState and charges a cost model.
+daemon's PageState, a ``policies.base.Context`` per interval, and the daemon's own move planner
+(``pagetier.core.planner.plan``: budget, rate and node room). Instead of ``move_pages`` it keeps
+the placement in the PageState and charges a cost model.
 
 One interval, as in ``Daemon.step``:
 
@@ -15,7 +14,8 @@ One interval, as in ``Daemon.step``:
 2. the interval's accesses are charged where their pages were at the start of the interval:
    moves decided at the end of interval i take effect for interval i+1;
 3. the policy decides, with ``fast_budget`` = the capacity and ``max_moves`` = the rate limit;
-   the daemon's clipping keeps the moves within both; the moves are recorded (PageState
+   the planner keeps the moves within both (the simulated fast node has no room limit but
+   the capacity); the moves are recorded (PageState
    ``record_moves``) and charged as migration time; a unit moved again within
    ``ping_pong_window`` intervals of its last move counts as a ping-pong, as in the daemon.
    After the last frame the program has ended: the policy is not asked.
@@ -61,54 +61,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 
-from pagetier.daemon.loop import Daemon, _unique_in_order
-from pagetier.daemon.mover import rate_pages
-from pagetier.daemon.state import NEVER, PageState, _keys
+from pagetier.core import planner
+from pagetier.core.planner import rate_pages
+from pagetier.core.sample import Sample
+from pagetier.core.state import NEVER, PageState, _keys
+from pagetier.core.units import PAGE_SIZE, parse_size
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Policy, create
-from pagetier.profiler.base import PAGE_SIZE, Sample
+from pagetier.policies.costmodel import CostModel, load
 
-MB = 1 << 20
 FAST, SLOW = 0, 1
 PLACEMENTS = ("slow", "fast-first")
-
-
-@dataclass
-class CostModel:
-    """Per-access time on each node and the cost of migrating one 4 KiB page."""
-
-    fast_ns: float = 100.0  # one access served by the fast node
-    slow_ns: float = 250.0  # one access served by the slow node
-    migrate_us: float = 3.0  # fixed kernel cost per page migrated
-    migrate_mb_s: float = 4000.0  # copy bandwidth of a migration (MB = 2**20 bytes)
-    accesses_per_count: float = 1.0  # real accesses per recorded count
-    name: str = "custom"
-
-    def check(self) -> "CostModel":
-        for key in ("fast_ns", "slow_ns", "migrate_mb_s", "accesses_per_count"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"cost model: {key} must be > 0, got {getattr(self, key)!r}")
-        if not self.migrate_us >= 0:
-            raise ConfigError(f"cost model: migrate_us must be >= 0, got {self.migrate_us!r}")
-        return self
-
-    @property
-    def fast_s(self) -> float:
-        """Seconds per recorded count served by the fast node."""
-        return self.fast_ns * 1e-9 * self.accesses_per_count
-
-    @property
-    def slow_s(self) -> float:
-        return self.slow_ns * 1e-9 * self.accesses_per_count
-
-    @property
-    def page_move_s(self) -> float:
-        """Seconds to migrate one 4 KiB page."""
-        return self.migrate_us * 1e-6 + PAGE_SIZE / (self.migrate_mb_s * MB)
 
 
 PRESETS = {
@@ -134,8 +100,6 @@ def cost_model(preset: str = "dram-cxl", base_file=None, **overrides) -> CostMod
     """A preset, or the model in ``base_file`` (written by ``pagetier bench costmodel``), with
     some numbers overridden (None values are ignored)."""
     if base_file is not None:
-        from pagetier.policies.costmodel import load
-
         base = load(base_file)
     elif preset not in PRESETS:
         raise ConfigError(f"unknown cost preset {preset!r} (known: {', '.join(PRESETS)})")
@@ -248,25 +212,7 @@ def capacity_pages(spec, frames_or_footprint) -> int:
     if text.endswith("%"):
         fp = frames_or_footprint if isinstance(frames_or_footprint, int) else footprint(frames_or_footprint)
         return int(fp * float(text[:-1]) / 100.0)
-    from pagetier.daemon.config import parse_size
-
     return parse_size(text, "capacity") // PAGE_SIZE
-
-
-class _DaemonShim(SimpleNamespace):
-    """What Daemon.plan_demotions / plan_promotions read: ``state`` and ``cfg`` (the nodes)."""
-
-
-def clip(state: PageState, decision, budget: int, limit: int, fast: int = FAST, slow: int = SLOW):
-    """The daemon's clipping: (demote, forced, promote) unit indices within budget and rate."""
-    shim = _DaemonShim(state=state, cfg=SimpleNamespace(fast_node=fast, slow_node=slow))
-    demote, forced = Daemon.plan_demotions(shim, decision.demote, decision.promote, budget, limit)
-    all_demote = np.concatenate([demote, forced]).astype(np.int64)
-    demoted = int(state.npages[all_demote].sum(dtype=np.int64))
-    # as in Daemon.step: fast use after the demotions, then the promotions that fit
-    fast_used = state.pages_on(fast) - demoted
-    promote = Daemon.plan_promotions(shim, decision.promote, budget, limit - demoted, fast_used)
-    return demote, forced, np.asarray(promote, np.int64)
 
 
 def _placed(st: PageState, sample: Sample, placement: str, capacity: int) -> Sample:
@@ -344,13 +290,10 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
                       max_moves=limit, interval=st.interval, now=float(t) - t0,
                       interval_s=interval_s)
         dec = policy.decide(st, ctx)
-        demote, forced, promote = clip(st, dec, int(cfg.capacity), limit)
-        all_demote = np.concatenate([demote, forced])
-        asked = (len(_unique_in_order(dec.promote, len(st)))
-                 + len(_unique_in_order(dec.demote, len(st))))
-        res.clipped += max(0, asked - len(demote) - len(promote))
+        moves = planner.plan(st, dec, int(cfg.capacity), None, limit, fast=FAST, slow=SLOW)
+        res.clipped += max(0, moves.clipped)
         moved_pages = 0
-        for idx, node in ((all_demote, SLOW), (promote, FAST)):
+        for idx, node in ((moves.demotions, SLOW), (moves.promote, FAST)):
             if not len(idx):
                 continue
             last = st.last_move[idx]

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagetier.core.sample import Sample
+from pagetier.core.units import PAGE_SIZE
 from pagetier.errors import ConfigError
-from pagetier.profiler.base import PAGE_SIZE, Sample
+from pagetier.policies.base import Annotation
 
 BASE = 0x7F0000000000
 PATTERNS = ("hotcold", "phased", "zipf", "scan")
@@ -154,8 +156,6 @@ def layered(objects: int = 6, object_pages: int = 32, iterations: int = 5, profi
     registered after the first frame, ``add_layer`` at the end of each frame for the next
     layer, and iteration ``profile`` bracketed by ``start_profile`` / ``end_profile``.
     """
-    from pagetier.policies.base import Annotation
-
     n = objects
     per_iter = 2 * n
     names = [f"fwd:{i}" for i in range(n)] + [f"bwd:{i}" for i in reversed(range(n))]

@@ -13,11 +13,9 @@ cells nobody accessed stay blank. Metrics (``--metric``):
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
-import click
 import numpy as np
 
 from pagetier.errors import ConfigError
@@ -233,56 +231,3 @@ def title_of(trace, pid: int) -> str:
     mode = f" ({m['mode']})" if m.get("mode") else ""
     cmd = m.get("command") or ""
     return f"{m.get('backend')}{mode} pid {pid}: {cmd}"[:78]
-
-
-@click.command("heatmap")
-@click.argument("trace_file", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="PNG file to write")
-@click.option("--ascii", "as_ascii", is_flag=True, help="print the heatmap in the terminal")
-@click.option("--pid", type=int, help="which process of the trace (default: the first)")
-@click.option("--rows", type=click.IntRange(2, 4096), help="address rows (PNG 256, ASCII 20)")
-@click.option("--cols", type=click.IntRange(1, 4096), help="time columns (ASCII at most 64)")
-@click.option("--gap", default="1M", show_default=True,
-              help="collapse unused address ranges larger than this (K, M, G suffixes)")
-@click.option("--metric", type=click.Choice(METRICS),
-              help="freq: estimated accesses/s (default when the trace has estimates); count")
-@click.option("--json", "as_json", is_flag=True, help="print the heat matrix as JSON")
-def command(trace_file, output, as_ascii, pid, rows, cols, gap, metric, as_json):
-    """Draw a trace as time x address, with unused address gaps collapsed.
-
-    \b
-    Examples:
-      pagetier heatmap run.parquet -o heat.png
-      pagetier heatmap run.parquet --ascii
-      pagetier heatmap run.parquet --json --rows 32 > heat.json
-      pagetier heatmap run.parquet --ascii --metric count
-    """
-    from pagetier.profiler.trace import read_trace
-
-    if not (output or as_ascii or as_json):
-        raise ConfigError("heatmap: give -o FILE.png, --ascii or --json")
-    gap_b = _size(gap)
-    trace = read_trace(trace_file)
-    if as_ascii or as_json:
-        width_cols = ASCII_WIDTH - 16
-        h = heat(trace, pid, rows=rows or 20, cols=min(cols or width_cols, width_cols), gap=gap_b,
-                 metric=metric)
-        if as_json:
-            click.echo(json.dumps(h.to_json()))
-        else:
-            click.echo(ascii_heatmap(h, title_of(trace, h.pid)))
-    if output:
-        h = heat(trace, pid, rows=rows or 256, cols=cols, gap=gap_b, metric=metric)
-        png_heatmap(h, output, title_of(trace, h.pid))
-        if not as_json:
-            click.echo(f"wrote {output}: {h.matrix.shape[1]} time columns x "
-                       f"{h.matrix.shape[0]} address rows, {len(h.segments)} segment(s)")
-
-
-def _size(text: str) -> int:
-    t = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    try:
-        return int(float(t.rstrip("KMG")) * mult)
-    except ValueError:
-        raise ConfigError(f"bad size {text!r}: use e.g. 512K, 1M or 1G") from None

@@ -87,7 +87,7 @@ class StubProfiler(Profiler):
         if self.interval_s > 0 and len(s.freq) != len(s):
             s.freq = s.rates(self.interval_s)
         if self.query and len(s):
-            from pagetier.daemon import mover
+            from pagetier.core import mover
 
             s.node = mover.query_nodes(pid, s.addr).clip(-1, None).astype(np.int16)
         elif self.track_moves and pid in self.nodes:

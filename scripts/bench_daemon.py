@@ -6,7 +6,7 @@
    interval of the Daemon is timed in parts: merging the sample into the PageState, the
    policy's decision, and the whole step (CPU time, median of several intervals; the step
    includes the stub generating its sample, which a real profiler does in the kernel).
-2. move_pages throughput of pagetier.daemon.mover against a plain batched numa_move_pages loop
+2. move_pages throughput of pagetier.core.mover against a plain batched numa_move_pages loop
    over the same pages (pages/s and the ratio). With one node (the host) both "move" to node 0
    (the kernel checks each page and finds it in place); with two (the VM) each round moves the
    pages to the other node.
@@ -14,7 +14,7 @@
 Usage:
   .venv/bin/python scripts/bench_daemon.py [--sizes 64M,256M,1G,4G] [--intervals 5]
                                            [--move-size 64M] [--rounds 6] [--policy heuristic]
-  pagetier vm run -- .venv/bin/python scripts/bench_daemon.py --sizes 64M --move-size 256M
+  scripts/vm -- .venv/bin/python scripts/bench_daemon.py --sizes 64M --move-size 256M
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pagetier.daemon import config as config_mod  # noqa: E402
-from pagetier.daemon import mover  # noqa: E402
+from pagetier.core import mover  # noqa: E402
 from pagetier.daemon.loop import Daemon  # noqa: E402
 from pagetier.profiler.stub import StubProfiler  # noqa: E402
 
@@ -53,13 +53,14 @@ def bench_intervals(size: int, intervals: int, policy: str) -> dict:
 
     cfg = config_mod.load(None, {"policy": policy, "profiler": "stub", "dry_run": True,
                                  "fast_budget": size // 2, "rate": 0, "json": True})
+    cfg.handle_signals, cfg.status_file = False, "/dev/null"
     prof = StubProfiler(source=source)
     from pagetier import policies
 
     d = Daemon(cfg, pids=[1], profiler=prof, policy=policies.create(policy), numab=False,
-               handle_signals=False, status_path=Path("/dev/null"), out=open(os.devnull, "w"))
-    d._alive = lambda pid: True
-    d.attach(1)
+               out=open(os.devnull, "w"))
+    d.tracker.alive = lambda pid: True
+    d.tracker.attach(1)
     merge, decide, step = [], [], []
     for i in range(intervals + 1):
         stats = d.step()

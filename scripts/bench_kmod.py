@@ -26,6 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pagetier.bench.hotset import prec_rec, top_k  # noqa: E402
+
 
 def xa_bytes() -> int:
     """Bytes in the kernel's radix_tree_node slab (xarray nodes): the module's count storage."""
@@ -70,20 +72,6 @@ def run_one(mode: str | None, size: int, seconds: int, period_ms: int) -> dict:
 
 
 FREQ_NOISE_PPM = (0, 10, 100, 1000)
-
-
-def top_k(score: np.ndarray, k: int) -> np.ndarray:
-    """Mask of the units ranked in the top k by ``score`` (every unit tied with the k-th
-    included; units scoring 0 never)."""
-    if not len(score) or k <= 0:
-        return np.zeros(len(score), bool)
-    kth = np.sort(score)[::-1][min(k, len(score)) - 1]
-    return (score >= kth) & (score > 0)
-
-
-def prec_rec(pred: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
-    tp = int((pred & truth).sum())
-    return (tp / pred.sum() if pred.sum() else 0.0), (tp / truth.sum() if truth.sum() else 0.0)
 
 
 def run_freq(mode: str, thp: bool, noise_ppm: int, scans: int, period_ms: int) -> dict:
@@ -184,9 +172,10 @@ def main() -> int:
                     help="modes of the frequency table (fault, fault-marks, abit)")
     ap.add_argument("--skip-modes", action="store_true", help="only the frequency table")
     a = ap.parse_args()
-    from pagetier import vm
+    from pagetier.checkout import in_guest, test_vm
 
-    if not vm.in_guest():
+    if not in_guest():
+        vm = test_vm()
         from pagetier.workload import binary
 
         binary()

@@ -33,8 +33,10 @@ import threading
 import time
 from pathlib import Path
 
-from pagetier import vm
+from pagetier.checkout import test_vm
 from pagetier.workload import binary
+
+vm = test_vm()  # scripts/testvm.py
 
 soak_default = os.environ.get("PAGETIER_SOAK_S", "1800")
 hazards_s = os.environ.get("PAGETIER_HAZARDS_S", "1800")

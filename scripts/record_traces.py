@@ -317,10 +317,11 @@ def main() -> int:
     if a.pack_only:
         pack(Path(a.pack_only), Path(a.out), a.unit_kb)
         return 0
-    from pagetier import vm
+    from pagetier.checkout import test_vm
     from pagetier.workload import binary
 
-    binary("hotcold"), binary("churn")  # the guest cannot build them (read-only repository)
+    vm = test_vm()
+    binary("hotcold"), binary("churn")  # built on the host (scripts/setup.sh), or say how
     cmd = (f"python scripts/record_traces.py --in-guest --raw \"$PAGETIER_VM_OUT/traces\" "
            f"--only {','.join(names)} --seconds {a.seconds} --interval-ms {a.interval_ms} "
            f"--scan-ms {a.scan_ms}")

@@ -25,7 +25,7 @@ import numpy as np
 def nodes_of(extents) -> dict:
     """Fraction of the pages of ``extents`` ((address, bytes) pairs) on each node (negative:
     -errno, e.g. not present)."""
-    from pagetier.daemon import mover
+    from pagetier.core import mover
 
     addrs = [np.arange(lo & ~4095, lo + n, 4096, dtype=np.uint64) for lo, n in extents]
     nodes = mover.query_nodes(0, np.concatenate(addrs))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pagetier set-up: idempotent. Installs every Debian and PyPI dependency, creates the virtual
 # environment in .venv (on Debian's own Python, so that Debian's bcc imports in it), and builds
-# kmod/ for every installed Debian kernel.
+# kmod/ for every installed Debian kernel and the C workloads (pagetier/workloads) into build/bin.
 #
 # Usage: scripts/setup.sh [--no-apt]
 set -euo pipefail
@@ -80,6 +80,6 @@ build_kmod() {
 if [ "${1:-}" != "--no-apt" ]; then install_apt; fi
 install_venv
 build_kmod
-log "building the built-in workload"
-.venv/bin/python -c 'from pagetier.workload import binary; binary(); binary("churn")'
+log "building the built-in workloads into build/bin"
+make -s -C pagetier/workloads OUT="$top/build/bin"
 log "done: activate with 'source .venv/bin/activate', or run .venv/bin/pagetier"

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from pagetier.errors import ConfigError
 from pagetier.policies import builtin_traces
-from pagetier.policies.sim_cli import bench
+from pagetier.cli.bench import command as bench
 from pagetier.profiler.trace import read_trace
 
 # what the issue asks the set to hold: the built-in workload, a PyTorch loop, and programs

@@ -52,7 +52,7 @@ def test_bad_cost_files_are_one_line_errors(tmp_path, text, match):
 
 
 def test_bench_sim_reads_a_cost_file(tmp_path):
-    from pagetier.policies.sim_cli import bench
+    from pagetier.cli.bench import command as bench
 
     cost, _ = costmodel.derive(_measured([1.0], [3.0]), 100, 1.0, PRESETS["dram-cxl"])
     path = tmp_path / "cost.json"

@@ -22,10 +22,12 @@ import numpy as np
 import pytest
 
 from pagetier.daemon import config as config_mod
-from pagetier.daemon import mover
-from pagetier.daemon.loop import Daemon, human_line
+from pagetier.core import mover, planner
+from pagetier.core.state import PageState
+from pagetier.daemon.clock import FakeClock
+from pagetier.daemon.loop import Daemon
 from pagetier.daemon.numab import NumaBalancing
-from pagetier.daemon.state import PageState
+from pagetier.daemon.report import human_line
 from pagetier.errors import ConfigError, Unavailable
 from pagetier.policies.base import Decision, Policy, register
 from pagetier.profiler.stub import StubProfiler
@@ -80,20 +82,32 @@ class StubMover:
         return r
 
 
+def daemon_config(tmp_path, path=None, **values):
+    """A config for a daemon under test (the file's alone, or the stub profiler and
+    ``values``): no signal handlers, the status file in tmp_path."""
+    cfg = config_mod.load(path, None if path else {"profiler": "stub", **values})
+    cfg.handle_signals, cfg.status_file = False, str(tmp_path / "status.json")
+    return cfg
+
+
 def make_daemon(tmp_path, policy="test-greedy", units=4096, hot=1024, node=1, budget="8M",
-                rate=0.0, dry_run=False, pids=(4242,), outcome=None, **kw):
-    cfg = config_mod.load(None, {"policy": policy, "fast_budget": budget, "rate": rate,
-                                 "dry_run": dry_run, "json": True, "interval": 0.01,
-                                 "profiler": "stub"})
-    prof = StubProfiler(units=units, hot=hot, node=node, track_moves=True)
+                rate=0.0, dry_run=False, pids=(4242,), outcome=None, prof=None, config_path=None,
+                node_root=None, control_socket=None, clock=None, **kw):
+    cfg = daemon_config(tmp_path, config_path, policy=policy, fast_budget=budget, rate=rate,
+                        dry_run=dry_run, json=True, interval=0.01)
+    if node_root is not None:
+        cfg.node_root = node_root
+    cfg.control_socket = None if control_socket is None else str(control_socket)
+    if prof is None:
+        prof = StubProfiler(units=units, hot=hot, node=node, track_moves=True)
     from pagetier import policies
 
     d = Daemon(cfg, pids=pids, profiler=prof, policy=policies.create(policy),
-               mover=StubMover(prof, outcome), numab=False, status_path=tmp_path / "status.json",
-               handle_signals=False, out=open(os.devnull, "w"), **kw)
-    d._alive = lambda pid: True  # fake pids
+               mover=StubMover(prof, outcome), numab=False, out=open(os.devnull, "w"),
+               clock=clock if clock is not None else FakeClock(), **kw)
+    d.tracker.alive = lambda pid: True  # fake pids
     for p in pids:
-        d.attach(p)
+        d.tracker.attach(p)
     return d
 
 
@@ -194,14 +208,6 @@ def test_node_meminfo(tmp_path):
     assert config_mod.node_meminfo(0, tmp_path)["MemFree"] == 1024000 * 1024
 
 
-# --------------------------------------------------------------------------- rate
-@pytest.mark.parametrize("rate,interval,pages", [
-    (512, 1.0, 131072), (4, 1.0, 1024), (4, 0.5, 512), (0, 1.0, 1 << 62), (0.001, 1.0, 1),
-])
-def test_rate_pages(rate, interval, pages):
-    assert mover.rate_pages(rate, interval) == pages
-
-
 # --------------------------------------------------------------------------- the loop
 def test_budget_enforced_against_greedy_policy(tmp_path):
     d = make_daemon(tmp_path, units=4096, hot=4096, budget="8M")  # wants 16 MiB on fast
@@ -222,7 +228,7 @@ def test_dry_run_moves_nothing(tmp_path):
 
 def test_rate_limit_clips_moves(tmp_path):
     d = make_daemon(tmp_path, units=4096, hot=4096, budget="64M", rate=4.0)  # 4 MB/s, 0.01 s
-    limit = mover.rate_pages(4.0, 0.01)
+    limit = planner.rate_pages(4.0, 0.01)
     for _ in range(3):
         s = d.step()
         assert 0 < s["promoted"] <= limit
@@ -276,33 +282,40 @@ def test_target_exit_is_dropped(tmp_path):
     d = make_daemon(tmp_path, pids=(11, 12))
     d.step()
     alive = {11: True, 12: False}
-    d._alive = lambda pid: alive[pid]
+    d.tracker.alive = lambda pid: alive[pid]
     d.refresh_targets()
     assert d.targets == {11} and d.profiler.detached == [12]
     assert set(d.state.pid_of(np.arange(len(d.state))).tolist()) == {11}
 
 
 def test_run_returns_child_status_and_writes_status(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6); raise SystemExit(7)"])
-    cfg = config_mod.load(None, {"policy": "test-greedy", "profiler": "stub", "interval": 0.1,
-                                 "fast_budget": "4M"})
+    """The loop on a fake clock: the command exits (status 7) when the test closes its stdin,
+    after the third interval."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); raise SystemExit(7)"],
+                             stdin=subprocess.PIPE)
+    cfg = daemon_config(tmp_path, policy="test-greedy", interval=0.1, fast_budget="4M",
+                        control_socket=str(tmp_path / "c.sock"))
     prof = StubProfiler(units=256, hot=16)
     seen = []
+    clock = FakeClock()
     d = Daemon(cfg, child=child, profiler=prof, policy=Greedy(), mover=StubMover(prof),
-               numab=False, status_path=tmp_path / "daemon-1.json", handle_signals=False,
-               out=open(os.devnull, "w"))
+               numab=False, out=open(os.devnull, "w"), clock=clock)
     orig = d.write_status
 
     def spy():
         orig()
-        seen.append(json.loads((tmp_path / "daemon-1.json").read_text()))
+        seen.append(json.loads((tmp_path / "status.json").read_text()))
+        if (seen[-1]["last"] or {}).get("interval") == 3:
+            child.stdin.close()
+            child.wait(timeout=60)
 
     d.write_status = spy
     assert d.run() == 7
-    assert prof.closed and not (tmp_path / "daemon-1.json").exists()
+    assert prof.closed and not (tmp_path / "status.json").exists()
     assert seen and seen[-1]["targets"][0]["pid"] == child.pid
-    assert seen[-1]["last"]["interval"] >= 2
-    from pagetier.daemon.cli import format_status
+    assert seen[-1]["last"]["interval"] == 3 and d.stop_reason == "all targets exited"
+    assert seen[-1]["last"]["t"] == pytest.approx(0.3)  # three intervals of the fake clock
+    from pagetier.daemon.status import format_status
 
     text = format_status({**seen[-1], "alive": True})
     assert f"pid {os.getpid()}" in text and "targets:" in text
@@ -311,25 +324,26 @@ def test_run_returns_child_status_and_writes_status(tmp_path):
 def test_first_interval_after_one_interval_of_counts(tmp_path):
     """The first decision comes one interval after the start, not on a read made right after
     attach (no counts yet); the status file exists from the start."""
-    cfg = config_mod.load(None, {"policy": "test-greedy", "profiler": "stub", "interval": 0.3,
-                                 "fast_budget": "4M", "json": True})
+    cfg = daemon_config(tmp_path, policy="test-greedy", interval=0.3, fast_budget="4M",
+                        json=True, control_socket=str(tmp_path / "c.sock"))
+    cfg.duration = 0.5
     prof = StubProfiler(units=256, hot=16)
+    clock = FakeClock()
     d = Daemon(cfg, pids=(4242,), profiler=prof, policy=Greedy(), mover=StubMover(prof),
-               numab=False, status_path=tmp_path / "daemon-1.json", handle_signals=False,
-               out=open(os.devnull, "w"), duration=0.5)
-    d._alive = lambda pid: True
-    first = []
+               numab=False, out=open(os.devnull, "w"), clock=clock)
+    d.tracker.alive = lambda pid: True
+    steps = []
     orig = d.step
 
     def step(boundary=False):
-        if not first:
-            first.append(((tmp_path / "daemon-1.json").exists(), time.monotonic() - d._t0))
+        steps.append(((tmp_path / "status.json").exists(), clock.monotonic() - d._t0))
         return orig(boundary)
 
     d.step = step
     assert d.run() == 0
-    existed, t = first[0]
-    assert existed and t >= 0.3
+    # steps at 0.3 s and at the 0.5 s deadline, none right after attach
+    assert [round(t, 6) for _, t in steps] == [0.3, 0.5] and steps[0][0]
+    assert d.stop_reason == "--duration 0.5 s reached"
 
 
 def test_first_decision_when_the_profiler_has_its_estimate(tmp_path):
@@ -368,11 +382,10 @@ def test_cgroup_followed(tmp_path):
     b = subprocess.Popen(["sleep", "30"])
     try:
         procs.write_text(f"{a.pid}\n")
-        cfg = config_mod.load(None, {"policy": "test-idle", "profiler": "stub", "interval": 0.05})
+        cfg = daemon_config(tmp_path, policy="test-idle", interval=0.05)
         prof = StubProfiler(units=8)
         d = Daemon(cfg, cgroup=str(cg), profiler=prof, policy=Idle(), mover=StubMover(prof),
-                   numab=False, status_path=tmp_path / "s.json", handle_signals=False,
-                   out=open(os.devnull, "w"))
+                   numab=False, out=open(os.devnull, "w"), clock=FakeClock())
         d.refresh_targets()
         assert d.targets == {a.pid}
         procs.write_text(f"{b.pid}\n")
@@ -394,7 +407,7 @@ def test_cgroup_followed(tmp_path):
 
 def test_sighup_reload(tmp_path):
     p = write(tmp_path, 'policy = "test-idle"\nrate = 10\nprofiler = "stub"\n')
-    d = make_daemon(tmp_path, policy="test-idle", config_path=p, overrides={})
+    d = make_daemon(tmp_path, policy="test-idle", config_path=p)
     p.write_text('policy = "test-greedy"\nrate = 20\nprofiler = "other"\n')
     d._on_signal(signal.SIGHUP, None)
     d.reload()
@@ -411,7 +424,7 @@ def test_sighup_new_sentinel_options_keep_the_annotations(tmp_path):
     from pagetier.policies.base import Annotation
 
     p = write(tmp_path, 'policy = "sentinel"\nprofiler = "stub"\n')
-    d = make_daemon(tmp_path, policy="sentinel", config_path=p, overrides={})
+    d = make_daemon(tmp_path, policy="sentinel", config_path=p)
     d.policy.annotate(Annotation(4242, "register", name="weights", addr=1 << 30, size=1 << 20))
     p.write_text('policy = "sentinel"\nprofiler = "stub"\n[policy_options]\nlookahead = 3\n')
     d.reload()
@@ -655,7 +668,7 @@ def test_move_call_errors(tmp_path, err, alive, dropped, raises):
         raise mover.MoveError(f"move_pages: {os.strerror(err)}", err)
 
     d.mover.move = move
-    d._alive = lambda pid: alive
+    d.tracker.alive = lambda pid: alive
     if raises:
         with pytest.raises(mover.MoveError):
             d.step()
@@ -725,7 +738,7 @@ def test_promotions_stop_at_the_fast_nodes_high_watermark(tmp_path, caplog):
                                              f"Node 0 MemFree: {mib * 1024} kB\n")
 
     d = make_daemon(tmp_path, units=4096, hot=4096, budget="1G", node_root=tmp_path / "node")
-    d.zoneinfo = zoneinfo
+    d.cfg.zoneinfo = zoneinfo
     assert config_mod.zone_watermark(0, "high", zoneinfo.read_text()) == 1 * MIB
     free(4)  # 4 MiB free - 1 MiB watermark - 1 MiB margin: room for 2 MiB
     with caplog.at_level("INFO", logger="pagetier.daemon"):
@@ -840,11 +853,9 @@ def test_exchange_when_the_node_not_the_budget_is_the_limit(tmp_path):
                       freq=hot)
 
     prof = StubProfiler(source=source, track_moves=True)
-    d = make_daemon(tmp_path, policy="heuristic", budget="1G", node_root=tmp_path / "node")
-    d.profiler = prof
-    d.mover = StubMover(prof)
-    prof.attach(4242)
-    d.zoneinfo = zoneinfo
+    d = make_daemon(tmp_path, policy="heuristic", budget="1G", node_root=tmp_path / "node",
+                    prof=prof)
+    d.cfg.zoneinfo = zoneinfo
     room = region + 100  # pages the node has above its high watermark + margin for the target
 
     def free():

@@ -5,7 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from pagetier import live_bench, live_table
+from pagetier.bench import live as live_bench, live_table
+from pagetier.cli.bench import bench_live
 from pagetier.errors import ConfigError
 
 
@@ -181,12 +182,12 @@ def test_saved_results_print_as_table_or_json_only(tmp_path):
     saved = tmp_path / "live.json"
     saved.write_text(json.dumps(_doc()))
     runner = CliRunner()
-    res = runner.invoke(live_bench.command, ["--records", str(saved)])
+    res = runner.invoke(bench_live, ["--records", str(saved)])
     assert res.exit_code == 0, res.output
     assert "noise100         256 MiB, hot 64 MiB, noise 100 ppm, THP; budget 96 MiB" in res.output
     assert any(ln.startswith("noise100") and "pagetier:heuristic" in ln and "1.09" in ln
                for ln in res.output.splitlines())  # 70 / 64 MB moved
-    res = runner.invoke(live_bench.command, ["--records", str(saved), "--json"])
+    res = runner.invoke(bench_live, ["--records", str(saved), "--json"])
     assert res.exit_code == 0
     doc = json.loads(res.output)  # only JSON on stdout
     assert [r["config"] for r in doc["rows"]] == ["kernel", "pagetier:heuristic"]

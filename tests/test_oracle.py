@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("highspy")
 
 from pagetier.policies import builtin_traces, oracle, synth  # noqa: E402
-from pagetier.policies.sim_cli import for_trace, load_trace  # noqa: E402
+from pagetier.bench.sim import for_trace, load_trace  # noqa: E402
 from pagetier.policies.simulate import (PRESETS, SimConfig, capacity_pages, cost_model,  # noqa: E402
                                         footprint, simulate)
 from pagetier.profiler.base import Sample  # noqa: E402

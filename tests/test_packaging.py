@@ -1,7 +1,8 @@
 """The package as users install it: sdist and wheel built by the standard build tool, the wheel
 installed into a clean virtual environment (no system site-packages, dependencies from the
 package index), and its commands run from a directory outside the checkout with a clean
-environment. The UAPI header, the built-in traces and the C workloads must come with it.
+environment. The UAPI header, the built-in traces and the C workloads (sources, and the programs
+the build compiled from them) must come with it.
 
 Takes a minute or two (the pip cache makes repeat runs faster). Skipped, with the reason, only
 when pip cannot reach a package index and PyPI is unreachable.
@@ -91,7 +92,9 @@ def test_wheel_and_sdist_contents(dist):
     (wheel,) = dist.glob("pagetier-*.whl")
     (sdist,) = dist.glob("pagetier-*.tar.gz")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for need in ("pagetier/include/linux/pagetier.h", "pagetier/hotcold.c", "pagetier/churn.c",
+    for need in ("pagetier/include/linux/pagetier.h", "pagetier/workloads/hotcold.c",
+                 "pagetier/workloads/churn.c", "pagetier/workloads/bin/hotcold",
+                 "pagetier/workloads/bin/churn", "pagetier/cli/__init__.py", "pagetier/bench/sim.py",
                  "pagetier/policies/traces/index.json", f"pagetier/policies/traces/{TRACE}.parquet",
                  "pagetier/profiler/kmod.py", "pagetier/daemon/__init__.py"):
         assert need in names, f"{need} is not in {wheel.name}"
@@ -100,14 +103,16 @@ def test_wheel_and_sdist_contents(dist):
         assert f"pagetier/policies/traces/{name}.parquet" in names, name
     # the packaged header is the module's own
     assert zipfile.ZipFile(wheel).read("pagetier/include/linux/pagetier.h") == HEADER.read_bytes()
-    assert not any(n.startswith(("kmod/", "tests/", "build/")) for n in names)
+    assert not any(n.startswith(("kmod/", "tests/", "build/", "scripts/")) for n in names)
+    assert not any(n.endswith("testvm.py") for n in names)  # the VM harness stays in the checkout
     import tarfile
 
     with tarfile.open(sdist) as t:
         top = t.getnames()[0].split("/")[0]
         members = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     for need in ("setup.py", "kmod/include/uapi/linux/pagetier.h", "kmod/dkms.conf",
-                 "pagetier/hotcold.c", f"policies/traces/{TRACE}.parquet"):
+                 "pagetier/workloads/hotcold.c", "pagetier/workloads/Makefile",
+                 f"policies/traces/{TRACE}.parquet"):
         assert need in members, f"{need} is not in {sdist.name} ({top})"
 
 
@@ -159,40 +164,48 @@ def test_bench_traces_sim_and_report(installed):
     assert r.returncode == 0, r.stderr
 
 
-def test_workload_builds_from_packaged_source(installed):
+def test_workload_built_by_the_build(installed):
+    """The wheel carries the workloads compiled by the build: nothing is compiled on first use."""
     run, _, pkg = installed
+    exe = pkg / "workloads" / "bin" / "hotcold"
+    assert exe.is_file() and os.access(exe, os.X_OK)
+    mtime = exe.stat().st_mtime
     r = run("pagetier", "workload", "--size", "8", "--hot", "2", "--duration", "1", "--quiet",
             timeout=120)
     assert r.returncode == 0, r.stderr
     lines = [json.loads(ln) for ln in r.stdout.splitlines()]
     assert lines[0]["event"] == "ready" and lines[-1]["event"] == "done"
     assert lines[-1]["pages_corrupt"] == 0
-    assert (pkg / "_bin" / "hotcold").is_file()
+    assert exe.stat().st_mtime == mtime
 
 
-# --- where workloads are compiled (unit tests beside the real one above) ---------------------
-def test_workload_bin_dirs(monkeypatch, tmp_path):
+def test_missing_workload_says_how_to_build_it(installed):
+    """An installed package without its workloads (built without them) names what is missing."""
+    run, venv, pkg = installed
+    r = run("python", "-c", "import pagetier.workload as w; w.PACKAGE_BIN = w.PACKAGE_BIN / 'none'; "
+            "w.binary('churn')")
+    assert r.returncode != 0
+    assert "the workload churn is not built" in r.stderr and "reinstall pagetier" in r.stderr, \
+        r.stderr
+
+
+# --- where the workloads are found (unit tests beside the real ones above) -------------------
+def test_workload_bin_dir_of_a_checkout(monkeypatch, tmp_path):
     from pagetier import workload
+    from pagetier.errors import Unavailable
 
-    assert workload.bin_dirs() == [REPO / "build" / "bin"]  # a checkout: its build/bin
+    assert workload.bin_dir() == REPO / "build" / "bin"  # a checkout: scripts/setup.sh builds there
+    monkeypatch.setattr(workload, "CHECKOUT_BIN", tmp_path)
+    with pytest.raises(Unavailable, match=r"not built .*scripts/setup.sh"):
+        workload.binary("churn")
+    (tmp_path / "churn").write_text("")
+    os.utime(tmp_path / "churn", (1, 1))  # older than its source
+    with pytest.raises(Unavailable, match=r"older than .*churn.c"):
+        workload.binary("churn")
+    os.utime(tmp_path / "churn")
+    assert workload.binary("churn") == tmp_path / "churn"
     monkeypatch.setattr(workload, "_CHECKOUT", False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert workload.bin_dirs() == [workload.HERE / "_bin", tmp_path / "cache/pagetier/bin"]
-
-
-def test_workload_falls_back_to_the_cache(monkeypatch, tmp_path):
-    """An installed package whose directory is not writable compiles into the user's cache."""
-    from pagetier import workload
-
-    pkg_bin, cache = tmp_path / "pkg" / "_bin", tmp_path / "cache"
-    monkeypatch.setattr(workload, "bin_dirs", lambda: [pkg_bin, cache])
-    real_access = os.access
-    monkeypatch.setattr(workload.os, "access",
-                        lambda p, mode: False if Path(p) == pkg_bin else real_access(p, mode))
-    exe = workload.binary("churn")
-    assert exe == cache / "churn" and os.access(exe, os.X_OK)
-    assert not (pkg_bin / "churn").exists()
-    assert workload.binary("churn") == exe  # built once
+    assert workload.bin_dir() == workload.HERE / "workloads" / "bin"
 
 
 def test_dkms_conf_version_is_the_uapi_version():

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from pagetier.daemon.state import DTYPE, NEVER, PageState
+from pagetier.core.state import DTYPE, NEVER, PageState
 from pagetier.errors import ConfigError
 from pagetier.policies import Context, create
 from pagetier.profiler.base import Sample

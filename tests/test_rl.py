@@ -10,7 +10,7 @@ from pagetier.errors import ConfigError  # noqa: E402
 from pagetier.policies import create, rl, synth  # noqa: E402
 from pagetier.policies.base import Context  # noqa: E402
 from pagetier.policies.simulate import SimConfig, cost_model, simulate  # noqa: E402
-from pagetier.daemon.state import PageState  # noqa: E402
+from pagetier.core.state import PageState  # noqa: E402
 from pagetier.profiler.base import Sample  # noqa: E402
 
 COST = cost_model("dram-cxl")
@@ -111,7 +111,7 @@ def test_rl_policy_obeys_budget_and_rate(budget, max_moves):
 def test_train_rl_cli(tmp_path):
     from click.testing import CliRunner
 
-    from pagetier.policies.sim_cli import train_rl
+    from pagetier.cli.train_rl import command as train_rl
 
     out = tmp_path / "model.npz"
     res = CliRunner().invoke(train_rl, ["synth:hotcold:pages=128,intervals=8,accesses=2000",

@@ -13,9 +13,10 @@ import warnings
 import numpy as np
 import pytest
 
-from pagetier import annotate, policies
+from pagetier import annotate, policies, protocol
+from pagetier.core.state import PageState
 from pagetier.daemon import control
-from pagetier.daemon.state import PageState
+from pagetier.daemon.clock import Clock
 from pagetier.errors import ConfigError
 from pagetier.policies import simulate as sim
 from pagetier.policies import synth
@@ -257,7 +258,7 @@ def test_protocol(echo_server):
     # no reply for reply:false; two requests in one packet, one split over two sends
     s.sendall(b'{"op": "add_layer", "reply": false}\n{"op": "hel')
     time.sleep(0.1)
-    assert ask(s, b'lo"}\n') == {"ok": True, "echo": "hello"}
+    assert ask(s, b'lo"}\n') == {"ok": True, "echo": "hello", "version": protocol.VERSION}
     assert [r["op"] for _, r in seen[-2:]] == ["add_layer", "hello"]
     s.close()
     s = connect(srv.path)  # the server survived all of it
@@ -325,19 +326,24 @@ def test_annotation_request_validation():
     ev = control.annotation(7, {"op": "register", "name": "w", "addr": 4096, "size": 10})
     assert (ev.pid, ev.name, ev.addr, ev.size) == (7, "w", 4096, 10)
     assert control.annotation(7, {"op": "add_layer", "layer": 3}).layer == "3"
-    for bad in ({"op": "register", "name": "w", "addr": -1, "size": 1},
-                {"op": "register", "name": "w", "addr": 0, "size": 0},
-                {"op": "register", "name": "", "addr": 0, "size": 1},
-                {"op": "add_layer", "layer": [1]}):
-        with pytest.raises(control.RequestError):
+    for bad, why in (({"op": "register", "name": "w", "addr": -1, "size": 1},
+                      r"register: 'addr' must be an integer >= 0, got -1"),
+                     ({"op": "register", "name": "w", "addr": 0, "size": 0},
+                      r"register: 'size' must be > 0"),
+                     ({"op": "register", "name": "", "addr": 0, "size": 1},
+                      r"register: 'name' must be a non-empty string, got ''"),
+                     ({"op": "add_layer", "layer": [1]},
+                      r"add_layer: 'layer' must be an integer or a string, got \[1\]")):
+        with pytest.raises(control.RequestError, match=why):
             control.annotation(7, bad)
 
 
 # --------------------------------------------------------------------------- daemon + client
 @pytest.fixture
 def daemon(tmp_path):
+    # the real clock: a thread serves the socket and the test waits for its answers
     d = make_daemon(tmp_path, policy="sentinel", pids=(os.getpid(),), budget="64K",
-                    control_path=tmp_path / "ctl.sock")
+                    control_socket=tmp_path / "ctl.sock", clock=Clock())
     d.open_control()
     assert d.control is not None
     stop = threading.Event()
@@ -372,9 +378,10 @@ def test_daemon_annotations_reach_the_policy(daemon, tmp_path):
     assert all(v.tolist() == [0, 1, 2, 3] for v in t.live.values())
     n = len(daemon.history)
     a.add_layer(0)  # active: a boundary step, no reply awaited
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while len(daemon.history) == n and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert len(daemon.history) > n, "no boundary step in 60 s"
     last = daemon.history[-1]
     assert last["boundary"] is True and last["policy"]["mode"] == "active"
     assert last["policy"]["layer"] == "0" and last["fast_used"] <= last["budget"]
@@ -387,7 +394,8 @@ def test_daemon_annotations_reach_the_policy(daemon, tmp_path):
 
 
 def test_client_not_managed(tmp_path):
-    d = make_daemon(tmp_path, policy="sentinel", pids=(4242,), control_path=tmp_path / "c.sock")
+    d = make_daemon(tmp_path, policy="sentinel", pids=(4242,), control_socket=tmp_path / "c.sock",
+                    clock=Clock())
     d.open_control()
     stop = threading.Event()
     th = threading.Thread(target=lambda: [d._serve(0.02) for _ in iter(stop.is_set, True)], daemon=True)

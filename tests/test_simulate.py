@@ -122,7 +122,7 @@ def test_trace_file_round_trip(tmp_path):
 
 
 def test_bench_sim_cli(tmp_path):
-    from pagetier.policies.sim_cli import bench
+    from pagetier.cli.bench import command as bench
 
     out = tmp_path / "plot.png"
     res = CliRunner().invoke(bench, ["sim", "synth:hotcold:pages=256,intervals=8,accesses=5000",
@@ -150,7 +150,7 @@ def test_bench_sim_cli(tmp_path):
 
 
 def test_losses_name_each_baseline_the_default_policy_loses_to():
-    from pagetier.policies.sim_cli import format_losses, losses
+    from pagetier.bench.sim import format_losses, losses
 
     def row(trace, pol, est, slow):
         return {"trace": trace, "capacity": "25%", "policy": pol, "est_time_s": est,

@@ -1,7 +1,7 @@
 """PageState: merging samples, and the daemon's own record of units it moved."""
 import numpy as np
 
-from pagetier.daemon.state import PageState
+from pagetier.core.state import PageState
 from pagetier.profiler.base import Sample
 
 

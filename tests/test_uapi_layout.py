@@ -1,4 +1,7 @@
-"""The Python view of the UAPI matches the structs the compiler laid out in pagetier.ko."""
+"""The Python view of the UAPI matches the C header: the structs the compiler laid out in
+pagetier.ko (its DWARF), and the ioctl numbers, sizes and constants a compiled probe prints."""
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -6,7 +9,8 @@ from elftools.elf.elffile import ELFFile
 
 from pagetier import uapi
 
-BUILT = sorted((Path(__file__).resolve().parent.parent / "build" / "kmod").glob("*/pagetier.ko"))
+REPO = Path(__file__).resolve().parent.parent
+BUILT = sorted((REPO / "build" / "kmod").glob("*/pagetier.ko"))
 
 
 def dwarf_structs(ko: Path) -> dict[str, tuple[int, dict[str, int]]]:
@@ -47,3 +51,57 @@ def test_ioctl_numbers_are_distinct_and_sized():
     cmds = [uapi.IOC_VERSION, uapi.IOC_ATTACH, uapi.IOC_DETACH, uapi.IOC_READ, uapi.IOC_STATS]
     assert len(set(cmds)) == len(cmds)
     assert (uapi.IOC_READ >> 16) & 0x3FFF == uapi.READ_T.itemsize
+
+
+# what the C compiler makes of the header: each ioctl number, struct size and constant, printed by
+# a probe compiled against kmod/include/uapi (the header the module is built from)
+PROBE_IOCTLS = {"VERSION": "IOC_VERSION", "ATTACH": "IOC_ATTACH", "DETACH": "IOC_DETACH",
+                "READ": "IOC_READ", "STATS": "IOC_STATS", "UNMARK": "IOC_UNMARK"}
+PROBE_DEFINES = {
+    "PAGETIER_MODE_FAULT": "MODE_FAULT", "PAGETIER_MODE_ABIT": "MODE_ABIT",
+    "PAGETIER_SCAN_PERIOD_MIN_MS": "SCAN_PERIOD_MIN_MS",
+    "PAGETIER_SCAN_PERIOD_MAX_MS": "SCAN_PERIOD_MAX_MS",
+    "PAGETIER_SAMPLE_RATIO_MAX": "SAMPLE_RATIO_MAX", "PAGETIER_REC_PRESENT": "REC_PRESENT",
+    "PAGETIER_REC_HUGE": "REC_HUGE", "PAGETIER_REC_ACCESSED": "REC_ACCESSED",
+    "PAGETIER_NODE_NONE": "NODE_NONE", "PAGETIER_READ_RESET": "READ_RESET",
+    "PAGETIER_READ_ACCESSED_ONLY": "READ_ACCESSED_ONLY", "PAGETIER_UNMARK_MAX": "UNMARK_MAX",
+    "PAGETIER_IOC_MAGIC": "IOC_MAGIC", "PAGETIER_VERSION_MAJOR": "VERSION_MAJOR",
+    "PAGETIER_VERSION_MINOR": "VERSION_MINOR", "PAGETIER_VERSION_PATCH": "VERSION_PATCH",
+}
+
+
+@pytest.fixture(scope="module")
+def c_values(tmp_path_factory) -> dict[str, int]:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    include = REPO / "kmod" / "include" / "uapi"
+    lines = ['#include <stdio.h>', '#include <linux/pagetier.h>', 'int main(void) {']
+    for name in PROBE_IOCTLS:
+        lines.append(f'printf("IOC_{name} %llu\\n", (unsigned long long)PAGETIER_IOC_{name});')
+    for struct in uapi.STRUCTS:
+        lines.append(f'printf("sizeof {struct} %zu\\n", sizeof(struct {struct}));')
+    for define in PROBE_DEFINES:
+        lines.append(f'printf("{define} %llu\\n", (unsigned long long)({define}));')
+    lines.append("return 0; }")
+    d = tmp_path_factory.mktemp("uapi_probe")
+    (d / "probe.c").write_text("\n".join(lines) + "\n")
+    build = subprocess.run([cc, "-Wall", "-Werror", f"-I{include}", "-o", str(d / "probe"),
+                            str(d / "probe.c")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    out = subprocess.run([str(d / "probe")], capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in (line.rsplit(" ", 1) for line in out.splitlines())}
+
+
+@pytest.mark.parametrize("name", list(PROBE_IOCTLS))
+def test_ioctl_number_matches_the_compiled_header(c_values, name):
+    py = getattr(uapi, PROBE_IOCTLS[name])
+    assert py == c_values[f"IOC_{name}"], f"PAGETIER_IOC_{name}: C {c_values[f'IOC_{name}']:#x}, " \
+                                           f"pagetier.uapi {py:#x}"
+
+
+def test_struct_sizes_and_constants_match_the_compiled_header(c_values):
+    for struct, dtype in uapi.STRUCTS.items():
+        assert dtype.itemsize == c_values[f"sizeof {struct}"], struct
+    for define, attr in PROBE_DEFINES.items():
+        assert getattr(uapi, attr) == c_values[define], define

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from pagetier import vm
+from pagetier.checkout import test_vm
+
+vm = test_vm()  # scripts/testvm.py
 
 pytestmark = pytest.mark.vm
 

@@ -5,7 +5,9 @@ import platform
 
 import pytest
 
-from pagetier.vm import in_guest
+from pagetier.checkout import in_guest
+
+from daemon_run import NUMAB, run_env
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,3 +34,58 @@ def _numa_balancing_off():
         with open(path, "w") as f:
             f.write("0")
     yield
+
+
+# Fixtures shared by the guest test files; a file asks for them by name or with
+# ``pytestmark = pytest.mark.usefixtures(...)``. Inside the VM the module must load: a failure to
+# load raises in the fixture, an error of every test that uses it, never a skip.
+
+@pytest.fixture(scope="module")
+def kmod_loaded():
+    """pagetier.ko loaded for the tests of one file (left loaded after them)."""
+    from pagetier.profiler import kmod
+
+    kmod.load_module()
+    yield
+
+
+@pytest.fixture(scope="module")
+def kmod_fresh():
+    """pagetier.ko unloaded and loaded again before the tests of one file, unloaded after them."""
+    from pagetier.profiler import kmod
+
+    from helpers import fresh_module
+
+    fresh_module()
+    yield
+    kmod.unload_module()
+
+
+@pytest.fixture
+def dev():
+    """A descriptor on /dev/pagetier, closed after the test (closing detaches its targets)."""
+    from pagetier.profiler import kmod
+
+    d = kmod.Device()
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def env(tmp_path):
+    """The environment for a daemon: its status files in the test's own run directory."""
+    return run_env(tmp_path)
+
+
+@pytest.fixture
+def numab_on():
+    """numa_balancing 1 before the daemon starts, so that 'restored' means something."""
+    NUMAB.write_text("1")
+    yield
+    NUMAB.write_text("0")
+
+
+@pytest.fixture
+def numab_off():
+    """numa_balancing 0: the kernel's own balancing must not move the pages a test set up."""
+    NUMAB.write_text("0")

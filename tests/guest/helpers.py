@@ -44,6 +44,33 @@ def precision_recall(sample, ready: dict) -> tuple[float, float, int]:
     return precision, tp / truth.size, int(pred.size)
 
 
+def wait_until(cond, timeout: float, what: str, every: float = 0.05):
+    """Poll ``cond()`` until it returns something true, and return that; fail with ``what`` after
+    ``timeout`` seconds (deadlines are generous: the guest runs under emulation on a shared host)."""
+    t0 = time.monotonic()
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"no {what} in {timeout:.0f} s")
+        time.sleep(every)
+
+
+def targets() -> str:
+    """The module's attached targets, one "PID MODE ..." line each (sysfs)."""
+    return (kmod.SYSFS / "targets").read_text()
+
+
+def node_free(node: int) -> int:
+    """Bytes free on NUMA node ``node``."""
+    with open(f"/sys/devices/system/node/node{node}/meminfo") as f:
+        for line in f:
+            if "MemFree:" in line:
+                return int(line.split()[-2]) * 1024
+    raise KeyError("MemFree")
+
+
 def wait_scans(dev: kmod.Device, pid: int, n: int, timeout: float = 60) -> dict:
     t0 = time.monotonic()
     start = dev.stats(pid)["scans"]

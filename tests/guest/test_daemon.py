@@ -1,6 +1,6 @@
 """The daemon end to end in the two-node VM (root, node 0 fast with the CPUs, node 1 slow).
 
-    pagetier vm run -k 6.12 -- .venv/bin/python -m pytest -x -q tests/guest/test_daemon.py
+    scripts/vm -k 6.12 -- .venv/bin/python -m pytest -x -q tests/guest/test_daemon.py
 
 The built-in workload (hotcold) first-touches its buffer on node 1 and reports, once a second,
 the fraction of its hot pages on node 0 (a move_pages query of its own): that is the truth the
@@ -11,43 +11,20 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pagetier.daemon import mover
+from pagetier.core import mover
 from pagetier.workload import Workload, binary
 
+from daemon_run import NUMAB, PAGETIER
 from helpers import split_json_lines
 
-NUMAB = Path("/proc/sys/kernel/numa_balancing")
-PAGETIER = [sys.executable, "-m", "pagetier.cli"]
+# inside the VM the module must load: a failure to load is an error of every test here
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kmod_loaded")]
 MIB = 1 << 20
-
-
-@pytest.fixture(scope="module", autouse=True)
-def kmod_loaded():
-    """Inside the VM the module must load: a failure to load is an error of every test here."""
-    from pagetier.profiler import kmod
-
-    kmod.load_module()
-    yield
-
-
-@pytest.fixture
-def env(tmp_path):
-    return {**os.environ, "PAGETIER_RUN_DIR": str(tmp_path / "run")}
-
-
-@pytest.fixture
-def numab_on():
-    """numa_balancing 1 before the daemon starts, so that 'restored' means something."""
-    NUMAB.write_text("1")
-    yield
-    NUMAB.write_text("0")
 
 
 def run_daemon(env, daemon_args, workload_args, timeout=240):

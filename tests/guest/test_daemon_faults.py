@@ -15,44 +15,16 @@ import time
 
 import pytest
 
-from pagetier.daemon import mover
+from pagetier.core import mover
 from pagetier.profiler import kmod
 from pagetier.workload import Workload
 
-from daemon_run import NUMAB, PAGETIER, DaemonRun, run_env
-from helpers import faults_in
+from daemon_run import NUMAB, PAGETIER, DaemonRun
+from helpers import faults_in, node_free, targets
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kmod_loaded")]
 MIB = 1 << 20
 WAIT = 900  # seconds: a daemon's start (imports) alone can take minutes on a loaded host
-
-
-@pytest.fixture(scope="module", autouse=True)
-def kmod_loaded():
-    kmod.load_module()
-    yield
-
-
-@pytest.fixture
-def env(tmp_path):
-    return run_env(tmp_path)
-
-
-@pytest.fixture
-def numab_on():
-    NUMAB.write_text("1")
-    yield
-    NUMAB.write_text("0")
-
-
-def targets() -> str:
-    return (kmod.SYSFS / "targets").read_text()
-
-
-@pytest.fixture
-def numab_off():
-    """numa_balancing 0: the kernel's own balancing must not move the pages a test set up."""
-    NUMAB.write_text("0")
 
 
 def clean_exit(d: DaemonRun, rc: int = 0, numab: str = "1") -> None:
@@ -85,14 +57,6 @@ def test_target_killed_mid_migration(env, numab_on):
         assert "all targets exited" in d.stderr
 
 
-def _node_free(node: int) -> int:
-    with open(f"/sys/devices/system/node/node{node}/meminfo") as f:
-        for line in f:
-            if "MemFree:" in line:
-                return int(line.split()[-2]) * 1024
-    raise KeyError("MemFree")
-
-
 def test_fast_node_full(env, numab_off):
     """A hog fills node 0: the daemon stops promoting at node 0's high watermark (or on ENOMEM),
     logs that the node is full, keeps running, and resumes promoting once the hog is gone.
@@ -103,7 +67,7 @@ def test_fast_node_full(env, numab_off):
                  "--quiet", "--no-thp")
     # more than node 0 has free, preferring node 0: node 0 fills to its watermark and the rest
     # falls back to node 1 (binding it to node 0 got it OOM-killed whatever the margin)
-    hog_mb = _node_free(0) // MIB + 64
+    hog_mb = node_free(0) // MIB + 64
     hog = Workload("--size", str(hog_mb), "--hot", "1", "--duration", "0", "--quiet", "--no-thp",
                    cmd_prefix=["numactl", "--preferred=0"])
     try:
@@ -176,10 +140,12 @@ import mmap, os, sys, time
 m = mmap.mmap(-1, 8 << 20, mmap.MAP_SHARED)
 for i in range(0, 8 << 20, 4096):
     m[i] = 1
+r, w = os.pipe()
 if os.fork() == 0:  # the child maps every page too (fork copies no PTEs of shared memory)
     sum(m[i] for i in range(0, 8 << 20, 4096))
-    time.sleep(1e6)
-time.sleep(2)
+    os.write(w, b"x")
+    time.sleep(1e6)  # stays, sharing the pages, until the test kills the group
+assert os.read(r, 1) == b"x"  # the child has mapped them all
 print("ready", flush=True)
 end = time.monotonic() + float(sys.argv[1])
 while time.monotonic() < end:

@@ -1,7 +1,7 @@
 """Placement that holds, in the two-node VM: the hot set stays on the fast node under sparse
 noise, and when the fast node (not the budget) is the limit the daemon exchanges pages.
 
-    pagetier vm run -k 6.12 -- python -m pytest -p no:cacheprovider -x -v tests/guest/test_daemon_placement.py
+    scripts/vm -k 6.12 -- python -m pytest -p no:cacheprovider -x -v tests/guest/test_daemon_placement.py
 
 Behaviour, not timing: each test waits for what it checks with generous deadlines, and reads
 the built-in workload's own truth (the share of its hot pages on node 0, from move_pages).
@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from pagetier.daemon import mover
+from pagetier.core import mover
 from pagetier.profiler import kmod
 from pagetier.workload import Workload, binary
 

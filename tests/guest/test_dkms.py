@@ -8,7 +8,7 @@ here reaches the host. The test refuses to run where they are not.
 Marked long: under emulation on a loaded 2-core host, 6.1 took 366 s for `dkms build` and 533 s
 for `dkms install` (its depmod reads every module of the kernel), 1013 s in all; 6.12 1099 s. The default suite builds with DKMS on the host instead
 (tests/test_dkms_build.py). Run it with
-    pagetier vm run --kernel 6.12 -- python -m pytest -p no:cacheprovider -m long tests/guest/test_dkms.py
+    scripts/vm --kernel 6.12 -- python -m pytest -p no:cacheprovider -m long tests/guest/test_dkms.py
 """
 from __future__ import annotations
 

@@ -18,16 +18,9 @@ from pagetier import uapi
 from pagetier.profiler import kmod
 from pagetier.workload import Workload, binary
 
-from helpers import faults_in, fresh_module
+from helpers import faults_in, targets, wait_scans
 
-pytestmark = pytest.mark.vm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def module_loaded():
-    fresh_module()
-    yield
-    kmod.unload_module()
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kmod_fresh")]
 
 
 def _reader(pid: int, stop: threading.Event, counts: list) -> None:
@@ -98,7 +91,7 @@ def attach_detach_cycles(seconds: float, min_cycles: int, rapid: bool = False) -
     print(f"churn: {cycles} attach/detach cycles, {reads + extra[0]} reads; target says {out.strip()}")
     assert churn.returncode == 0, out
     assert cycles >= min_cycles
-    assert (kmod.SYSFS / "targets").read_text() == ""
+    assert targets() == ""
 
 
 def test_rmmod_under_load():
@@ -117,7 +110,8 @@ def rmmod_under_load() -> None:
     dev = kmod.Device()
     for i, w in enumerate(ws):
         dev.attach(w.pid, ("fault", "abit")[i % 2], scan_period_ms=10)
-    time.sleep(1)
+    for w in ws:  # each scanned, its pages marked, before the module goes
+        wait_scans(dev, w.pid, 3)
     dev.close()
     try:
         kmod.unload_module()
@@ -137,17 +131,19 @@ def test_closing_the_descriptor_detaches():
         dev = kmod.Device()
         dev.attach(w.pid, "fault", scan_period_ms=50)
         dev.close()
-        assert (kmod.SYSFS / "targets").read_text() == ""
+        assert targets() == ""
         holder = subprocess.Popen(
             ["python3", "-c", "import sys, time; from pagetier.profiler import kmod\n"
              f"kmod.Device().attach({w.pid}, 'fault', scan_period_ms=50)\n"
              "print('attached', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline().strip() == "attached"
-        assert (kmod.SYSFS / "targets").read_text().startswith(f"{w.pid} fault")
-        time.sleep(0.3)
+        assert targets().startswith(f"{w.pid} fault")
+        probe = kmod.Device()  # attaches nothing: closing it detaches nothing
+        wait_scans(probe, w.pid, 2)  # the holder's target scanned, its pages marked
+        probe.close()
         holder.kill()
         holder.wait()
-        assert (kmod.SYSFS / "targets").read_text() == ""
+        assert targets() == ""
         faults = faults_in([w.pid], 1.5)
         assert faults == 0, f"{faults} hinting faults in the target after the holder died"
         assert w.stop() == 0

@@ -5,7 +5,6 @@ import errno
 import fcntl
 import platform
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -14,23 +13,9 @@ from pagetier import uapi
 from pagetier.profiler import kmod
 from pagetier.workload import Workload
 
-from helpers import faults_in, fresh_module, precision_recall, vmstat, wait_scans
+from helpers import faults_in, precision_recall, targets, vmstat, wait_scans, wait_until
 
-pytestmark = pytest.mark.vm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def module_loaded():
-    fresh_module()
-    yield
-    kmod.unload_module()
-
-
-@pytest.fixture
-def dev():
-    d = kmod.Device()
-    yield d
-    d.close()
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kmod_fresh")]
 
 
 def test_version_and_sysfs(dev):
@@ -112,12 +97,11 @@ def test_detach_restores_every_page(dev):
     with Workload("--size", "64", "--hot", "64", "--duration", "0", "--quiet") as w:
         dev.attach(w.pid, "fault", scan_period_ms=100)
         wait_scans(dev, w.pid, 3)
-        dev.detach(w.pid)
-        time.sleep(0.3)
+        dev.detach(w.pid)  # restores every page before it returns
+        assert targets() == ""
         grown = faults_in([w.pid], 1.5)
         assert w.stop() == 0
     assert grown == 0, f"{grown} hinting faults after detach"
-    assert (kmod.SYSFS / "targets").read_text() == ""
 
 
 @pytest.mark.parametrize("mode", ["fault", "abit"])
@@ -142,11 +126,11 @@ def test_target_exit_while_attached(dev):
     w = Workload("--size", "32", "--hot", "8", "--duration", "1", "--quiet")
     dev.attach(w.pid, "fault", scan_period_ms=50)
     assert w.stop() == 0
-    time.sleep(0.5)
+    # the module drops a target when its mm goes away, a moment after the exit
+    wait_until(lambda: targets() == "", 60, "detach of the exited target")
     with pytest.raises(kmod.KmodError) as e:
         dev.stats(w.pid)
     assert e.value.errno == errno.ESRCH
-    assert (kmod.SYSFS / "targets").read_text() == ""
 
 
 def test_several_targets_and_readers(dev):
@@ -172,8 +156,8 @@ def test_rmmod_while_attached_restores_pages():
         dev.attach(w.pid, "fault", scan_period_ms=100)
         wait_scans(dev, w.pid, 3)
         dev.close()
-        kmod.unload_module()
-        time.sleep(0.3)
+        kmod.unload_module()  # rmmod returns once the module's exit has restored every page
+        assert not kmod.is_loaded()
         grown = faults_in([w.pid], 1.5)
         assert w.stop() == 0
     kmod.load_module()
@@ -260,9 +244,8 @@ def test_target_that_calls_execve_is_followed(dev):
     dev.attach(proc.pid, "abit", scan_period_ms=100)
     ready = proc.stdout.readline()
     assert '"ready"' in ready
-    time.sleep(1.0)
+    st = wait_scans(dev, proc.pid, 2)  # scans of the new image, its buffer mapped
     rec = dev.read(proc.pid)
-    st = dev.stats(proc.pid)
     dev.detach(proc.pid)
     assert proc.wait() == 0
     pages = int(np.where(rec["flags"] & uapi.REC_HUGE, 512, 1).sum())
@@ -272,7 +255,7 @@ def test_target_that_calls_execve_is_followed(dev):
 def test_unmark_makes_marked_pages_movable(dev):
     """Cold pages the fault mode left PROT_NONE move with move_pages after UNMARK (6.1's
     move_pages skips protnone entries)."""
-    from pagetier.daemon import mover
+    from pagetier.core import mover
 
     with Workload("--size", "32", "--hot", "4", "--duration", "0", "--quiet", "--no-thp") as w:
         # a slow scan, so that none re-marks the pages between the unmark and the move

@@ -5,12 +5,17 @@ Floors, from what the 6.12 guest measured under QEMU software emulation (issue #
 - kmod, both modes: 0.95 precision and recall, as in test_kmod.
 - bpf: counts page faults, here the hinting faults of kmod's fault-mode marks, so it sees what
   the module's marking makes trap; held to 0.90 (measured 0.98 / 1.00 and 0.99 / 1.00).
-- damon: no accuracy floor, only that it records. DAMON clears Accessed bits without a TLB flush
-  (docs/kernel-facts.md); under TCG a bit is set again only when a context switch on the workload's CPU
-  happens to flush. Measured on the same run, three times with the CPUs shared: precision 0.98,
-  0.76, 0.45 and recall 1.00, 1.00, 0.52; "damon-alone" (workload alone on CPU 1, kdamond and
-  the recorder on CPU 0): nothing counted, 0.00 / 0.00. A floor above 0 would pass only when
-  something else flushes the TLB, so the numbers are printed, not asserted.
+- damon (6.12; 6.1 has no DAMON sysfs): DAMON clears Accessed bits without a TLB flush
+  (docs/kernel-facts.md); under TCG a bit is set again only when a context switch on the
+  workload's CPU happens to flush, which with the CPUs shared happens often enough. Measured with
+  the CPUs shared: precision 0.98, 0.76, 0.45 and recall 1.00, 1.00, 0.52 (issue #8); held to
+  0.30 / 0.30, and the hot range found hotter per page than the rest of the buffer. On a loaded
+  host it has also counted nothing at all (0.00 / 0.00, branch tests' 6.12 run): such a run is
+  reported XFAIL, never passed.
+- damon-alone (workload alone on CPU 1, kdamond and the recorder on CPU 0): it depends on the
+  host. On a loaded host it counted nothing (0.00 / 0.00: nothing flushed the workload CPU's
+  cached translations); on a quiet one, 1.00 / 1.00 (CI, 2026-11-23). Held to the same rule as
+  damon: a run that counts nothing is reported XFAIL, any count is held to the floors.
 """
 from __future__ import annotations
 
@@ -37,14 +42,23 @@ _spec = importlib.util.spec_from_file_location("bench_profilers",
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
+DAMON_ADMIN = "/sys/kernel/mm/damon/admin"
 # config name -> (precision floor, recall floor)
 FLOORS = {
     "kmod-fault": (0.95, 0.95),
     "kmod-abit": (0.95, 0.95),
-    "damon": (0.0, 0.0),
-    "damon-alone": (0.0, 0.0),
+    "damon": (0.30, 0.30),
+    "damon-alone": (0.30, 0.30),
     "bpf+kmod-marks": (0.90, 0.90),
 }
+CASES = list(FLOORS)
+
+
+def _no_damon_on_61(kernel_series) -> None:
+    """6.1 has no DAMON sysfs interface: skip there; on 6.12 a missing one is a failure."""
+    if not os.path.exists(DAMON_ADMIN):
+        assert kernel_series == "6.1", f"kernel {kernel_series} has no DAMON sysfs ({DAMON_ADMIN})"
+        pytest.skip(f"kernel {kernel_series} has no DAMON sysfs interface (CONFIG_DAMON_SYSFS)")
 RESULTS: dict[str, dict] = {}
 
 
@@ -63,11 +77,11 @@ def _show(request, line: str) -> None:
     print(line)
 
 
-@pytest.mark.parametrize("name", list(FLOORS))
+@pytest.mark.parametrize("name", CASES)
 def test_backend_finds_hot_set(name, kernel_series, tmp_path, request):
     backend, options = bench.CONFIGS[name]
-    if backend == "damon" and not os.path.exists("/sys/kernel/mm/damon/admin"):
-        pytest.skip(f"kernel {kernel_series} has no DAMON sysfs interface (CONFIG_DAMON_SYSFS)")
+    if backend == "damon":
+        _no_damon_on_61(kernel_series)
     try:
         res = bench.measure(name, backend, options, seconds=6, last=3, outdir=str(tmp_path))
     except Unavailable as e:
@@ -75,9 +89,13 @@ def test_backend_finds_hot_set(name, kernel_series, tmp_path, request):
             pytest.skip(f"bpf backend unavailable here: {e}")
         raise
     RESULTS[name] = res
+    per = res["per_interval"]
+    hot = np.mean([x["hot_freq"] for x in per]) if per else float("nan")
+    cold = np.mean([x["cold_freq"] for x in per]) if per else float("nan")
     _show(request, f"[profilers] {name:<15} precision {res['precision']:.3f} "
                    f"recall {res['recall']:.3f} ({res['pages_counted']} pages counted, "
-                   f"{res['hot_pages']} hot, {res['seconds']} s)")
+                   f"{res['hot_pages']} hot, {res['seconds']} s); per page hot {hot:.3f}/s, "
+                   f"the rest {cold:.3f}/s")
     assert res["workload_exit"] == 0, "workload memory corrupted"
     tr = read_trace(res["trace"])
     assert tr.meta["backend"] == backend and tr.meta["pids"]
@@ -85,8 +103,16 @@ def test_backend_finds_hot_set(name, kernel_series, tmp_path, request):
     # In fault mode under TCG the module's scans starve the recorder: one read in 6 s was
     # seen (with precision and recall 1.00), so only one read is required.
     assert res["intervals"] >= 1, "the recorder read nothing"
+    if name.startswith("damon") and res["pages_counted"] == 0:
+        # seen on 6.12 under TCG on a loaded host (0 of 8192 hot pages counted, CPUs shared):
+        # reported as XFAIL, not passed; whenever DAMON counts anything it is held to the floors
+        pytest.xfail("DAMON counted nothing: under TCG no TLB flush set the Accessed bits again")
     pmin, rmin = FLOORS[name]
     assert res["precision"] >= pmin and res["recall"] >= rmin, res
+    # what a user looks at in the trace: per page, the hot range hotter than the rest (over the
+    # reads after the first; a starved recorder may have made only one)
+    if per:
+        assert hot > cold, f"{name}: hot range {hot:.3f}/s per page, the rest {cold:.3f}/s"
 
 
 def test_side_by_side(request):
@@ -97,8 +123,7 @@ def test_side_by_side(request):
 
 
 def test_damon_leaves_no_kdamond_behind(kernel_series):
-    if not os.path.exists("/sys/kernel/mm/damon/admin"):
-        pytest.skip(f"kernel {kernel_series} has no DAMON sysfs interface")
+    _no_damon_on_61(kernel_series)
     from pagetier.profiler.base import create
 
     nr = "/sys/kernel/mm/damon/admin/kdamonds/nr_kdamonds"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagetier.profiler.base import Sample
+from pagetier.core.sample import Sample
 
 NEVER = np.iinfo(np.int32).min
 
@@ -183,6 +183,10 @@ class PageState:
     def stuck(self, idx: np.ndarray) -> np.ndarray:
         """Boolean: which of ``idx`` are stuck."""
         return (self.a["flags"][idx] & F_STUCK) != 0
+
+    def unmovable(self, idx: np.ndarray) -> np.ndarray:
+        """Boolean: which of ``idx`` the kernel refused to move and has not moved since."""
+        return (self.a["flags"][idx] & F_UNMOVABLE) != 0
 
     def forget(self, idx: np.ndarray) -> None:
         keep = np.ones(len(self.a), bool)

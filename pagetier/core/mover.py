@@ -33,13 +33,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pagetier.core.units import PAGE_SIZE  # noqa: F401  (callers size their buffers with it)
 from pagetier.errors import PagetierError, Unavailable
 
 MPOL_MF_MOVE = 1 << 1  # move pages owned only by this process
 MPOL_MF_MOVE_ALL = 1 << 2  # move every page (CAP_SYS_NICE)
 BATCH = 4096  # pages per numa_move_pages call
-PAGE_SIZE = 4096
-MB = 1 << 20  # rates are in MB/s with MB = 2**20 bytes, like sizes ("96M")
 
 _NOT_REACHED = -(1 << 30)  # pre-filled status: the kernel did not get to this page
 
@@ -70,14 +69,6 @@ def libnuma():
         f.restype = ctypes.c_int
         _lib = lib
     return _lib
-
-
-def rate_pages(rate_mb_s: float, interval_s: float, page_size: int = PAGE_SIZE) -> int:
-    """Pages the rate limit allows per interval: ``rate_mb_s`` MB/s (MB = 2**20 bytes) over
-    ``interval_s`` seconds. A rate of 0 (or less) means no limit."""
-    if rate_mb_s <= 0:
-        return 1 << 62
-    return max(1, int(rate_mb_s * MB * interval_s) // page_size)
 
 
 def _online_nodes() -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pagetier.checkout import in_guest
 from pagetier.errors import PagetierError, Unavailable
 
 NUMAB = Path("/proc/sys/kernel/numa_balancing")
@@ -30,9 +31,7 @@ NUMA_BALANCING_MEMORY_TIERING = 2
 
 
 def _guest_only(what: str) -> None:
-    from pagetier import vm
-
-    if not vm.in_guest():
+    if not in_guest():
         raise PagetierError(f"{what} changes system-wide kernel settings: pagetier bench live "
                             "does that only inside the test VM")
 
@@ -177,9 +176,7 @@ class DamosTiering:
             return f"cannot read DAMON sysfs: {e}"
         if n:
             return f"{n} kdamond(s) already exist here; this baseline only runs on an unused DAMON"
-        from pagetier import vm
-
-        if not vm.in_guest():
+        if not in_guest():
             return "DAMOS tiering is only set up inside the test VM (it would change the host's DAMON)"
         # Whether the kernel knows the migrate actions shows only in a scheme's action file.
         try:

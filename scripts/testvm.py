@@ -1,5 +1,9 @@
 """The two-node NUMA test VM: boot a Debian kernel under QEMU (virtme-ng), run a command, check dmesg.
 
+A developer tool of the checkout, not part of the installed package: ``scripts/vm`` runs it
+(``scripts/vm --kernel 6.12 -- CMD``); the tests, the benchmark scripts, ``pagetier demo`` and
+``pagetier bench live`` load it through ``pagetier.checkout.test_vm()``.
+
 The host's file system is shared into the guest read-only, the repository included; results come
 back through a read-write directory. By default node 0 is fast and holds the CPUs, node 1 is slow
 and CPU-less. A run fails loudly when the guest's dmesg shows an Oops, BUG, WARNING or a corrupted
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import click
 
+from pagetier.checkout import in_guest  # noqa: F401  (the guest side asks this module too)
 from pagetier.errors import PagetierError, Unavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -270,11 +275,7 @@ def _hmat_opts(fast_mb: int, slow_mb: int, cpus: int) -> str:
     ])
 
 
-def in_guest() -> bool:
-    return os.environ.get("PAGETIER_IN_GUEST") == "1"
-
-
-@click.group("vm")
+@click.group("vm", context_settings={"help_option_names": ["-h", "--help"]})
 def command():
     """Boot the two-node NUMA test VM and run commands in it."""
 
@@ -293,8 +294,8 @@ def run_cmd(kernel, fast, slow, cpus, kvm, hmat, timeout, cmd):
 
     \b
     Examples:
-      pagetier vm run -- numactl -H
-      pagetier vm run --kernel 6.1 -- pagetier kmod load
+      scripts/vm -- numactl -H
+      scripts/vm --kernel 6.1 -- pagetier kmod load
     """
     res = run(" ".join(shlex.quote(c) for c in cmd), kernel=kernel, fast=fast, slow=slow,
               cpus=cpus, kvm=kvm, hmat=hmat, timeout=timeout, echo=True)
@@ -309,3 +310,17 @@ def kernels_cmd():
     """List the installed kernels the VM can boot."""
     for series, release in kernels().items():
         click.echo(f"{series}\t{release}")
+
+
+def main():
+    from pagetier.errors import PagetierError
+
+    try:
+        command.main(prog_name="scripts/testvm.py", standalone_mode=True)
+    except PagetierError as e:
+        click.echo(f"pagetier vm: {e}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,8 @@
 
 Boots the VM, loads pagetier.ko, starts the built-in workload with its 64 MiB hot part first
 touched on the slow node (1) and a 192 MiB cold part, runs the daemon on it under a 96 MiB
-fast-node budget, and prints what moved and where the hot pages ended up.
+fast-node budget, and prints what moved and where the hot pages ended up. It needs a checkout
+set up by scripts/setup.sh: the VM is the checkout's (scripts/testvm.py, see pagetier.checkout).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 
 import click
 
-from pagetier import vm
+from pagetier.checkout import in_guest as in_guest_env, test_vm
 
 
 def guest_demo(seconds: int, budget: str, mode: str) -> int:
@@ -85,10 +86,11 @@ def guest_demo(seconds: int, budget: str, mode: str) -> int:
 @click.option("--in-guest", is_flag=True, hidden=True)
 def command(kernel, seconds, fast_budget, mode, in_guest):
     """Boot the test VM and show the daemon moving a workload's hot pages to the fast node."""
-    if in_guest or vm.in_guest():
+    if in_guest or in_guest_env():
         sys.exit(guest_demo(seconds, fast_budget, mode))
     from pagetier.workload import binary
 
+    vm = test_vm()
     binary()
     click.echo(f"booting the two-node test VM ({kernel}; node 0 fast with the CPUs, node 1 slow)...")
     res = vm.run(f"pagetier demo --in-guest --seconds {seconds} --fast-budget {fast_budget} "

@@ -1,6 +1,7 @@
-"""``pagetier bench live``: pagetier's policies against the kernel's own tiering, DAMON's tiering
-schemes and no migration, side by side, on the built-in workload in the two-node test VM, in
-scenario families, with every figure also a ratio to kernel tiering in the same scenario.
+"""What ``pagetier bench live`` runs (its command is in pagetier/cli/bench.py): pagetier's
+policies against the kernel's own tiering, DAMON's tiering schemes and no migration, side by
+side, on the built-in workload in the two-node test VM, in scenario families, with every figure
+also a ratio to kernel tiering in the same scenario.
 
 On the host it boots the VM once (6.12 by default, with the slow node described through HMAT as a
 lower memory tier) and runs itself inside (``--in-guest``). Inside, each configuration of each
@@ -21,8 +22,8 @@ promoting. pagetier's daemon gets the budget as ``--fast-budget``.
 
 Configurations: ``none`` (numa_balancing 0, no demotion), ``pagetier:POLICY`` (the daemon, forked
 from the bench process with the same Daemon and config a ``pagetier attach`` would build, on
-pagetier.ko), ``kernel`` (numa_balancing 2 with demotion: see tiering.KernelTiering) and ``damos``
-(tiering.DamosTiering). One that cannot run here is listed with the reason.
+pagetier.ko), ``kernel`` (numa_balancing 2 with demotion: see kernel_tiering.KernelTiering)
+and ``damos`` (kernel_tiering.DamosTiering). One that cannot run here is listed with the reason.
 
 Measured each second: the workload's own report of the share of its hot part on the fast node
 and of its accesses served there; where each of its pages is (move_pages queries), hence MB on
@@ -45,9 +46,8 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import click
-
-from pagetier import live_table, vm
+from pagetier.bench import kernel_tiering, live_table
+from pagetier.checkout import test_vm
 from pagetier.daemon import config as config_mod
 from pagetier.errors import ConfigError, PagetierError
 
@@ -257,7 +257,7 @@ class PageTracker:
         self.moved = self.ping_pongs = 0
 
     def _query(self):
-        from pagetier.daemon import mover
+        from pagetier.core import mover
 
         return mover.query_nodes(self.pid, self.addrs)
 
@@ -336,7 +336,7 @@ def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
             out = os.fdopen(w, "w")
             profiler = create_profiler(cfg)
             daemon = Daemon(cfg, pids=[pid], profiler=profiler, policy=create_policy(cfg),
-                            numab=NumaBalancing(), out=out, overrides=overrides)
+                            numab=NumaBalancing(), out=out)
             rc = daemon.run()
             out.flush()
         except BaseException:
@@ -348,26 +348,24 @@ def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
 
 
 def _set_sysctls(numab: str, demotion: str) -> None:
-    from pagetier import tiering
 
-    if tiering.NUMAB.exists():
-        tiering.write_sysctl(tiering.NUMAB, numab)
-    if tiering.DEMOTION.exists():
-        tiering.write_sysctl(tiering.DEMOTION, demotion)
+    if kernel_tiering.NUMAB.exists():
+        kernel_tiering.write_sysctl(kernel_tiering.NUMAB, numab)
+    if kernel_tiering.DEMOTION.exists():
+        kernel_tiering.write_sysctl(kernel_tiering.DEMOTION, demotion)
 
 
 def run_config(name: str, spec: Spec, log=print) -> dict:
     """One configuration against a fresh workload; its record (see live_table)."""
-    from pagetier import tiering
     from pagetier.workload import binary
 
     rec: dict = {"scenario": spec.name, "config": name, "runnable": True, "phase_s": spec.phase,
                  "hot_mb": spec.hot_mb, "notes": []}
     manager = None
     if name == "kernel":
-        manager = tiering.KernelTiering(FAST, SLOW)
+        manager = kernel_tiering.KernelTiering(FAST, SLOW)
     elif name == "damos":
-        manager = tiering.DamosTiering(FAST, SLOW)
+        manager = kernel_tiering.DamosTiering(FAST, SLOW)
     if manager is not None:
         why = manager.probe()
         if why:
@@ -411,7 +409,7 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
 
         def mgr_cpu():
             if daemon_pid is not None:
-                return tiering.thread_cpu_s(daemon_pid)
+                return kernel_tiering.thread_cpu_s(daemon_pid)
             return manager.cpu_s() if manager is not None else None
 
         def prof_cpu():
@@ -471,7 +469,7 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
                                                           "fast_used", "cpu_s", "wall_s",
                                                           "profiler_scan_s", "policy", "errors")}
                                    for s in dstats]
-        if isinstance(manager, tiering.DamosTiering):
+        if isinstance(manager, kernel_tiering.DamosTiering):
             rec["damos_applied_bytes"] = manager.applied_bytes()
         rec["notes"] = _notes(name)
         return rec
@@ -515,11 +513,11 @@ def _notes(name: str) -> list[str]:
 def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print) -> int:
     """Runs inside the VM: every configuration of every scenario in turn; the records as JSON to
     ``out_path`` (rewritten after each scenario, so a run cut short keeps what it measured)."""
-    from pagetier import tiering
     from pagetier.profiler import kmod
 
-    saved = {p: tiering.read_sysctl(p) for p in (tiering.NUMAB, tiering.DEMOTION) if p.exists()}
-    tiers = tiering.memory_tiers()
+    saved = {p: kernel_tiering.read_sysctl(p)
+             for p in (kernel_tiering.NUMAB, kernel_tiering.DEMOTION) if p.exists()}
+    tiers = kernel_tiering.memory_tiers()
     log("memory tiers: " + (", ".join(f"memory_tier{t} = nodes {nl}" for t, nl in tiers.items())
                             or "none"))
     doc = {"kernel": os.uname().release, "memory_tiers": tiers, "configs": names,
@@ -547,7 +545,7 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print) -
             out_path.write_text(json.dumps(doc))
     finally:
         for p, v in saved.items():
-            tiering.write_sysctl(p, v)
+            kernel_tiering.write_sysctl(p, v)
         if loaded:
             kmod.unload_module()
     out_path.write_text(json.dumps(doc))
@@ -608,83 +606,6 @@ def report(doc: dict, command_line: str) -> str:
     return "\n".join(head)
 
 
-@click.command("live")
-@click.option("--quick", is_flag=True,
-              help=f"scenarios {','.join(QUICK_SCENARIOS)} (noise runs {QUICK_NOISE_SECONDS} s); "
-                   f"baselines {QUICK_BASELINES}")
-@click.option("--scenarios", "scenario_names",
-              help="scenarios or families, comma-separated (default: all; --quick: its subset)")
-@click.option("--policies", default=DEFAULT_POLICIES, show_default=True,
-              help="pagetier policies to run, comma-separated ('' for none)")
-@click.option("--baselines", help=f"of {','.join(BASELINES)} [default: {DEFAULT_BASELINES}; "
-                                  f"--quick: {QUICK_BASELINES}]")
-@click.option("--kernel", "-k", default="6.12", show_default=True, help="6.12 or 6.1")
-@click.option("--seconds", type=int, help="seconds per run, for every scenario (default: each "
-                                          "scenario's own)")
-@click.option("--mode", type=click.Choice(["fault", "abit"]), default="fault", show_default=True,
-              help="pagetier.ko profiling mode")
-@click.option("--list", "list_only", is_flag=True, help="list the scenarios and exit")
-@click.option("--json", "as_json", is_flag=True, help="write only the results, as JSON, to stdout")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="also write the results here")
-@click.option("--configs", hidden=True, help="exactly these configurations, comma-separated")
-@click.option("--in-guest", is_flag=True, hidden=True)
-@click.option("--records", type=click.Path(dir_okay=False), hidden=True,
-              help="print the table of a saved results file instead of running")
-def command(quick, scenario_names, policies, baselines, kernel, seconds, mode, list_only,
-            as_json, output, configs, in_guest, records):
-    """Compare pagetier's policies with the kernel's tiering, DAMOS and no migration, live in
-    the two-node test VM (6.12: the slow node is a lower memory tier), in scenario families:
-    noise (0, 10, 100, 1000 accesses per million anywhere, THP on and off), a fast node fuller
-    than the budget, two regions alternating in phases. Figures are ratios to kernel tiering.
-
-    \b
-    Examples:
-      pagetier bench live --quick
-      pagetier bench live --scenarios noise -o noise.json
-      pagetier bench live --scenarios phases,fuller --policies heuristic,lru
-      pagetier bench live --quick --json
-    """
-    if list_only:
-        for s in scenarios().values():
-            click.echo(f"{s.name:<16} {s.family:<7} {s.describe()}"
-                       + ("  (quick)" if s.name in QUICK_SCENARIOS else ""))
-        return
-    specs = select_scenarios(scenario_names, quick=quick, seconds=seconds, mode=mode)
-    if baselines is None:
-        baselines = QUICK_BASELINES if quick else DEFAULT_BASELINES
-    names = config_names(policies, baselines)
-    if configs:
-        names = [c.strip() for c in configs.split(",") if c.strip()]
-        bad = [c for c in names if c not in BASELINES and not c.startswith("pagetier:")]
-        if bad:
-            raise ConfigError(f"bench live: unknown configuration {bad[0]!r}")
-    if in_guest or vm.in_guest():
-        if not output:
-            raise ConfigError("bench live --in-guest needs -o")
-        sys.exit(guest_main(names, specs, Path(output), log=lambda m: click.echo(m, err=True)))
-    argv = ["pagetier", *sys.argv[1:]]
-    if records:
-        doc = json.loads(Path(records).read_text())
-    else:
-        if not names:
-            raise ConfigError("bench live: nothing to run (no policy and no baseline)")
-        doc = run_in_vm(names, specs, kernel, quick=quick, seconds=seconds, mode=mode,
-                        echo=not as_json)
-    doc["command"] = shlex.join(argv)
-    rows = results(doc)
-    if output:
-        Path(output).write_text(json.dumps({**doc, "rows": rows}, indent=1))
-    if as_json:
-        click.echo(json.dumps({"command": doc["command"], "kernel": doc["kernel"],
-                               "scenarios": [sc["spec"] for sc in doc["scenarios"]],
-                               "vm_seconds": doc.get("vm_seconds"),
-                               "kernel_reports": doc.get("kernel_reports", []), "rows": rows}))
-    else:
-        click.echo(report(doc, doc["command"]))
-    if doc.get("kernel_reports"):
-        sys.exit(1)
-
-
 def run_in_vm(names, specs: list[Spec], kernel: str, quick: bool = False,
               seconds: int | None = None, mode: str = "fault", echo: bool = True) -> dict:
     """Boots the HMAT VM once and runs every scenario in it (``echo``: the guest's progress to
@@ -698,7 +619,7 @@ def run_in_vm(names, specs: list[Spec], kernel: str, quick: bool = False,
            + f"-o \"$PAGETIER_VM_OUT/{RESULT_NAME}\"")
     t0 = time.monotonic()
     budget = sum(len(names) * (s.seconds + 120) for s in specs)
-    res = vm.run(cmd, kernel=kernel, fast="1G", slow="1G", hmat=True, echo=echo,
+    res = test_vm().run(cmd, kernel=kernel, fast="1G", slow="1G", hmat=True, echo=echo,
                  timeout=900 + budget)
     result = res.outdir / RESULT_NAME
     if res.returncode != 0 or not result.exists():

@@ -1,20 +1,16 @@
-"""pagetier run / attach / status: the daemon's commands (pagetier/cli.py loads them lazily)."""
+"""``pagetier run``, and the daemon options and set-up it shares with ``pagetier attach``."""
 from __future__ import annotations
 
-import glob
-import json
 import logging
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import click
-import psutil
 
 from pagetier.daemon import config as config_mod
-from pagetier.errors import ConfigError, PagetierError, Unavailable
+from pagetier.daemon.status import remove_stale_status
+from pagetier.errors import ConfigError, PagetierError
 
 log = logging.getLogger("pagetier.daemon")
 
@@ -119,8 +115,8 @@ def _daemon(cfg, kw, **targets):
         profiler.close()
         raise
     numab = NumaBalancing(dry_run=cfg.dry_run)
-    return Daemon(cfg, profiler=profiler, policy=policy, numab=numab, duration=kw["duration"],
-                  config_path=kw["config_path"], overrides=kw["_overrides"], **targets)
+    cfg.duration = kw["duration"]
+    return Daemon(cfg, profiler=profiler, policy=policy, numab=numab, **targets)
 
 
 EPILOG_RUN = """\b
@@ -138,7 +134,7 @@ pass the signal on to the command and wait for it. SIGHUP reloads the config fil
 @click.command("run", epilog=EPILOG_RUN)
 @daemon_options
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_cmd(cmd, **kw):
+def command(cmd, **kw):
     """Start CMD and manage the placement of its pages until it exits."""
     cfg = _load(kw)
     setup_logging(cfg, kw["verbose"])
@@ -154,8 +150,7 @@ def run_cmd(cmd, **kw):
             child = subprocess.Popen(list(cmd), env=env)
         except OSError as e:
             raise PagetierError(f"cannot start {cmd[0]}: {e.strerror}")
-        daemon.child = child
-        daemon._initial.append(child.pid)
+        daemon.adopt(child)
         rc = daemon.run()
     except BaseException:
         ch = daemon.child
@@ -170,133 +165,3 @@ def run_cmd(cmd, **kw):
         daemon.close_control()
         raise
     sys.exit(rc)
-
-
-def _parse_pids(spec: str | None) -> list[int]:
-    pids = []
-    for part in filter(None, (spec or "").replace(" ", ",").split(",")):
-        try:
-            pid = int(part)
-        except ValueError:
-            raise ConfigError(f"bad PID {part!r}: give PID[,PID...]")
-        if not psutil.pid_exists(pid):
-            raise Unavailable(f"no such process: {pid}")
-        pids.append(pid)
-    return pids
-
-
-def _cgroup_path(path: str) -> Path:
-    p = Path(path)
-    for cand in (p, Path("/sys/fs/cgroup") / path.lstrip("/")):
-        if (cand / "cgroup.procs").exists():
-            return cand
-    raise ConfigError(f"--cgroup {path}: not a cgroup v2 directory (no cgroup.procs there or "
-                      "under /sys/fs/cgroup)")
-
-
-EPILOG_ATTACH = """\b
-Examples:
-  pagetier attach 1234 --fast-budget 2G
-  pagetier attach 1234,1240 --json --log-file /var/log/pagetier.log
-  pagetier attach --cgroup system.slice/myapp.service -c /etc/pagetier/pagetier.toml
-
-With PIDs it ends when they have all exited; with --cgroup it follows processes as they
-join and leave and ends when the cgroup is removed (or on SIGTERM).
-"""
-
-
-@click.command("attach", epilog=EPILOG_ATTACH)
-@daemon_options
-@click.option("--cgroup", metavar="PATH", help="manage a cgroup v2's processes (and new ones)")
-@click.argument("pids", required=False, metavar="[PID[,PID...]]")
-def attach_cmd(pids, cgroup, **kw):
-    """Manage the placement of running processes' pages."""
-    pid_list = _parse_pids(pids)
-    cg = _cgroup_path(cgroup) if cgroup else None
-    if not pid_list and cg is None:
-        raise click.UsageError("give PID[,PID...] or --cgroup PATH")
-    cfg = _load(kw)
-    setup_logging(cfg, kw["verbose"])
-    daemon = _daemon(cfg, kw, pids=pid_list, cgroup=str(cg) if cg else None)
-    sys.exit(daemon.run())
-
-
-def _daemon_alive(doc: dict) -> bool:
-    """The status file's daemon still runs (not a later process that got its pid)."""
-    try:
-        created = psutil.Process(int(doc.get("pid", -1))).create_time()
-    except (psutil.Error, ValueError, TypeError):
-        return False
-    return created <= float(doc.get("started", created)) + 1
-
-
-def read_status(directory: Path | None = None) -> list[dict]:
-    from pagetier.daemon.numab import run_dir
-
-    d = directory or run_dir()
-    out = []
-    for path in sorted(glob.glob(str(d / "daemon-*.json"))):
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError):
-            continue
-        doc["alive"] = _daemon_alive(doc)
-        doc["path"] = path
-        out.append(doc)
-    return out
-
-
-def remove_stale_status(directory: Path | None = None) -> None:
-    """Delete the status files of daemons that died without removing them (SIGKILL)."""
-    for doc in read_status(directory):
-        if not doc["alive"]:
-            Path(doc["path"]).unlink(missing_ok=True)
-            log.warning("removed the status file of pagetier pid %s: it died without removing it",
-                        doc.get("pid"))
-
-
-def format_status(doc: dict) -> str:
-    cfg, last, tot = doc.get("config", {}), doc.get("last") or {}, doc.get("totals", {})
-    mib = 1 << 20
-    targets = ", ".join(f"{t['pid']} ({t['name']})" for t in doc.get("targets", [])) or "none"
-    age = time.time() - doc.get("updated", 0)
-    lines = [
-        f"pagetier daemon pid {doc['pid']}{'' if doc['alive'] else ' (dead: stale status)'}, "
-        f"up {time.time() - doc.get('started', time.time()):.0f} s, updated {age:.0f} s ago",
-        f"  policy {cfg.get('policy')}, profiler {cfg.get('profiler')}, fast node "
-        f"{cfg.get('fast_node')}, slow node {cfg.get('slow_node')}"
-        f"{', dry run' if cfg.get('dry_run') else ''}",
-        f"  targets: {targets}" + (f" (cgroup {doc['cgroup']})" if doc.get("cgroup") else ""),
-        f"  moved {tot.get('bytes_moved', 0) / mib:.0f} MiB: promoted {tot.get('promoted', 0)} "
-        f"demoted {tot.get('demoted', 0)} pages, busy {tot.get('busy', 0)}, failed "
-        f"{tot.get('failed', 0)}, ping-pongs {tot.get('ping_pongs', 0)}",
-    ]
-    if doc.get("control_socket"):
-        lines.append(f"  control socket {doc['control_socket']}")
-    if last:
-        res = " ".join(f"node{n} {b / mib:.0f}M" for n, b in sorted(last.get("resident", {}).items()))
-        lines.append(f"  interval {last['interval']}: fast {last['fast_used'] / mib:.0f} of "
-                     f"{last['budget'] / mib:.0f} MiB budget; {res}; cpu {last['cpu_s'] * 1000:.1f} ms")
-    return "\n".join(lines)
-
-
-@click.command("status")
-@click.option("--json", "-j", "json_", is_flag=True, help="the status files as JSON")
-def status_cmd(json_):
-    """Show the running daemons: targets, counters, the last interval.
-
-    \b
-    Example: pagetier status --json
-    """
-    docs = read_status()
-    if json_:
-        click.echo(json.dumps(docs))
-        return
-    if not docs:
-        from pagetier.daemon.numab import run_dir
-
-        raise PagetierError(f"no pagetier daemon is running (no status files in {run_dir()})")
-    click.echo("\n".join(format_status(d) for d in docs))
-
-
-commands = {"run": run_cmd, "attach": attach_cmd, "status": status_cmd}

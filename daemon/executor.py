@@ -1,0 +1,128 @@
+"""The executor: carries out a plan's moves through the move_pages wrapper (pagetier.core.mover)
+and records them in the PageState; asks the kernel for the nodes the profiler did not give.
+
+Per-page outcomes (the table in pagetier/core/mover.py): moved units are recorded (a move back
+within ``ping_pong_window`` intervals counts as a ping-pong), units whose pages are gone are
+collected to be forgotten, units that failed for good are marked stuck, and ENOMEM marks the
+node full and ends this interval's moves to it. A whole-call error of a target that exited is
+not fatal: the target is dropped.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+
+import numpy as np
+
+from pagetier.core import mover as mover_mod
+from pagetier.core.state import NEVER, PageState
+from pagetier.core.units import PAGE_SIZE
+
+log = logging.getLogger("pagetier.daemon")
+
+
+def new_tally() -> dict:
+    """What one interval's moves add up to."""
+    return {"moved_pages": 0, "bytes_moved": 0, "ping_pongs": 0, "busy": 0, "failed": 0,
+            "nomem": 0, "gone": 0, "errors": {}}
+
+
+class Executor:
+    """Moves units of ``state`` with ``mover`` (the pagetier.core.mover module, or a stand-in
+    with its ``move`` and optionally ``query_nodes``); ``alive(pid)`` says whether a target
+    still runs."""
+
+    def __init__(self, state: PageState, profiler, mover, alive):
+        self.state, self.profiler, self.mover, self.alive = state, profiler, mover, alive
+        self.full: set[int] = set()  # nodes found full (ENOMEM, or no room above the watermark)
+
+    def move(self, idx: np.ndarray, node: int, acc: dict, forget: list, gone_pids: set,
+             ping_pong_window: int) -> bool:
+        """Move units ``idx`` to ``node``; update the state and ``acc``. False after ENOMEM."""
+        st = self.state
+        if not len(idx):
+            return True
+        pids = st.pid_of(idx)
+        ok = True
+        for pid in np.unique(pids).tolist():
+            sel = idx[pids == pid]
+            if pid in gone_pids:
+                continue
+            prepare = getattr(self.profiler, "prepare_move", None)
+            if prepare is not None:  # e.g. kmod fault mode: marked pages made movable
+                prepare(int(pid), st.addresses(sel))
+            try:
+                res = self.mover.move(int(pid), st.addresses(sel), node)
+            except mover_mod.MoveError as e:
+                gone = self.target_gone(pid, e)
+                if gone is False:
+                    raise
+                if gone:
+                    gone_pids.add(pid)
+                continue
+            moved = sel[res.moved]
+            last = st.last_move[moved]
+            acc["ping_pongs"] += int(((last != NEVER) & (st.interval - last <= ping_pong_window)).sum())
+            pages = int(st.npages[moved].sum(dtype=np.int64))
+            acc["moved_pages"] += pages
+            acc["bytes_moved"] += pages * PAGE_SIZE
+            st.record_moves(moved, node)
+            if hasattr(self.profiler, "moved"):  # the stub profiler follows moves in tests
+                self.profiler.moved(int(pid), st.addresses(moved), node)
+            acc["busy"] += int(st.npages[sel[res.busy]].sum(dtype=np.int64))
+            acc["failed"] += int(st.npages[sel[res.failed]].sum(dtype=np.int64))
+            acc["nomem"] += int(st.npages[sel[res.nomem]].sum(dtype=np.int64))
+            st.mark_stuck(sel[res.failed])
+            acc["gone"] += len(res.gone)
+            forget.append(sel[res.gone])
+            for k, v in res.errors.items():
+                acc["errors"][k] = acc["errors"].get(k, 0) + v
+            if res.stopped:
+                self.node_full(node, True)
+                ok = False
+                break
+        if ok and acc["moved_pages"]:
+            self.node_full(node, False)
+        return ok
+
+    def node_full(self, node: int, full: bool, why: str = "move_pages: ENOMEM") -> None:
+        """Log when ``node`` fills up (move_pages: ENOMEM, or no room above its high watermark)
+        and when it has room again."""
+        if full and node not in self.full:
+            self.full.add(node)
+            log.warning("node %d is full (%s): moves to it wait until it has free memory", node,
+                        why)
+        elif not full and node in self.full:
+            self.full.discard(node)
+            log.info("node %d has free memory again: moves to it resumed", node)
+
+    def target_gone(self, pid: int, e: mover_mod.MoveError) -> bool | None:
+        """A whole-call move_pages error: True when the target exited (ESRCH, or EINVAL once
+        its mm is gone), None to skip it this interval (EINVAL while it still looks alive: it
+        is exiting), False for a real error."""
+        if e.errno == errno.ESRCH:
+            return True
+        if e.errno == errno.EINVAL:
+            if not self.alive(pid):
+                return True
+            log.debug("%s: skipped this interval", e)
+            return None
+        return False
+
+    def fill_nodes(self) -> None:
+        """Ask the kernel for the node of units the profiler did not place."""
+        query = getattr(self.mover, "query_nodes", None)
+        st = self.state
+        unknown = np.flatnonzero(st.node < 0)
+        if query is None or not len(unknown):
+            return
+        pids = st.pid_of(unknown)
+        for pid in np.unique(pids).tolist():
+            sel = unknown[pids == pid]
+            try:
+                nodes = query(int(pid), st.addresses(sel))
+            except mover_mod.MoveError as e:
+                if self.target_gone(pid, e) is False:
+                    raise
+                continue  # refresh_targets drops it once it has exited
+            st.node[sel] = np.where(nodes >= 0, nodes, -1).astype(np.int8)

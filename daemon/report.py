@@ -1,0 +1,117 @@
+"""Reporting: one line per interval (JSON with ``--json``, else a short human line), and the
+status file that ``pagetier status`` reads."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+from pagetier.daemon import config as config_mod
+
+log = logging.getLogger("pagetier.daemon")
+
+MIB = 1 << 20
+
+
+def jsonable(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def memory(state) -> dict:
+    """What the daemon's own memory holds: the unit state, and with PYTHONTRACEMALLOC set,
+    everything Python and numpy allocated (traced_kib)."""
+    m = {"state_kib": state.nbytes // 1024}
+    if tracemalloc.is_tracing():
+        m["traced_kib"] = tracemalloc.get_traced_memory()[0] // 1024
+    return m
+
+
+def log_top_allocations(n: int = 12) -> None:
+    """With PYTHONTRACEMALLOC set, say at exit where the daemon's live memory was allocated."""
+    if not tracemalloc.is_tracing():
+        return
+    top = tracemalloc.take_snapshot().statistics("lineno")[:n]
+    log.info("largest live allocations (tracemalloc):\n%s",
+             "\n".join(f"  {st.size / 1024:9.1f} KiB in {st.count:7d} blocks  {st.traceback}"
+                       for st in top))
+
+
+def status_doc(daemon) -> dict:
+    """The status file's document for ``daemon`` (a daemon.loop.Daemon)."""
+    return {
+        "pid": os.getpid(),
+        "started": daemon.started,
+        "updated": daemon.clock.time(),
+        "config": config_mod.as_dict(daemon.cfg),
+        "config_source": daemon.cfg.source,
+        "targets": [{"pid": p, "name": daemon.tracker.name(p)} for p in sorted(daemon.targets)],
+        "cgroup": str(daemon.tracker.cgroup) if daemon.tracker.cgroup else None,
+        "totals": daemon.totals,
+        "last": daemon.last,
+        "control_socket": str(daemon.control.path) if daemon.control else None,
+        "memory": memory(daemon.state),
+    }
+
+
+class Reporter:
+    """Writes the interval lines to ``out`` and the status document to ``status_path``."""
+
+    def __init__(self, out, status_path: str | os.PathLike):
+        self.out = out
+        self.status_path = Path(status_path)
+        self._warned = False
+
+    def emit(self, stats: dict, cfg) -> None:
+        if cfg.json:
+            line = json.dumps(stats, default=jsonable, separators=(",", ":"))
+        else:
+            line = human_line(stats, cfg.fast_node, cfg.slow_node)
+        self.out.write(line + "\n")
+        self.out.flush()
+
+    def write_status(self, doc: dict) -> None:
+        try:
+            self.status_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.status_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc, default=jsonable))
+            os.replace(tmp, self.status_path)
+        except OSError as e:
+            if not self._warned:
+                log.warning("cannot write status file %s: %s", self.status_path, e)
+                self._warned = True
+
+    def remove_status(self) -> None:
+        self.status_path.unlink(missing_ok=True)
+
+
+def human_line(s: dict, fast: int, slow: int) -> str:
+    """One interval in under 80 columns."""
+    res = s.get("resident", {})
+    f = res.get(str(fast), 0) / MIB
+    w = res.get(str(slow), 0) / MIB
+    dry = " dry" if s.get("dry_run") else ""
+    budget = s["budget"] / MIB
+    budget_s = f"{budget:.0f}" if budget < 1 << 30 else "-"
+    mark = "b" if s.get("boundary") else " "  # a decision at a layer boundary
+    line = (f"#{s['interval']:<3d}{mark}+{s['promoted'] * 4 // 1024:>4d}M -{s['demoted'] * 4 // 1024:>4d}M"
+            f"{dry} fast {s['fast_used'] / MIB:.0f}/{budget_s}M n{fast} {f:.0f}M n{slow} {w:.0f}M")
+    extra = []
+    layer = s.get("policy", {}).get("layer")
+    if layer is not None:
+        extra.append(f"layer {layer}")
+    if s.get("busy"):
+        extra.append(f"busy {s['busy']}")
+    if s.get("failed"):
+        extra.append(f"fail {s['failed']}")
+    if s.get("ping_pongs"):
+        extra.append(f"pp {s['ping_pongs']}")
+    extra.append(f"{s['cpu_s'] * 1000:.1f}ms")
+    return line + " " + " ".join(extra)

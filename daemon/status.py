@@ -1,0 +1,73 @@
+"""The daemons' status files: each running daemon writes run_dir()/daemon-PID.json every
+interval (daemon/loop.py); ``pagetier status`` reads them, and a starting daemon removes those
+of daemons that died without removing theirs."""
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import time
+from pathlib import Path
+
+import psutil
+
+from pagetier.daemon.numab import run_dir
+
+log = logging.getLogger("pagetier.daemon")
+
+
+def _daemon_alive(doc: dict) -> bool:
+    """The status file's daemon still runs (not a later process that got its pid)."""
+    try:
+        created = psutil.Process(int(doc.get("pid", -1))).create_time()
+    except (psutil.Error, ValueError, TypeError):
+        return False
+    return created <= float(doc.get("started", created)) + 1
+
+
+def read_status(directory: Path | None = None) -> list[dict]:
+    d = directory or run_dir()
+    out = []
+    for path in sorted(glob.glob(str(d / "daemon-*.json"))):
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        doc["alive"] = _daemon_alive(doc)
+        doc["path"] = path
+        out.append(doc)
+    return out
+
+
+def remove_stale_status(directory: Path | None = None) -> None:
+    """Delete the status files of daemons that died without removing them (SIGKILL)."""
+    for doc in read_status(directory):
+        if not doc["alive"]:
+            Path(doc["path"]).unlink(missing_ok=True)
+            log.warning("removed the status file of pagetier pid %s: it died without removing it",
+                        doc.get("pid"))
+
+
+def format_status(doc: dict) -> str:
+    cfg, last, tot = doc.get("config", {}), doc.get("last") or {}, doc.get("totals", {})
+    mib = 1 << 20
+    targets = ", ".join(f"{t['pid']} ({t['name']})" for t in doc.get("targets", [])) or "none"
+    age = time.time() - doc.get("updated", 0)
+    lines = [
+        f"pagetier daemon pid {doc['pid']}{'' if doc['alive'] else ' (dead: stale status)'}, "
+        f"up {time.time() - doc.get('started', time.time()):.0f} s, updated {age:.0f} s ago",
+        f"  policy {cfg.get('policy')}, profiler {cfg.get('profiler')}, fast node "
+        f"{cfg.get('fast_node')}, slow node {cfg.get('slow_node')}"
+        f"{', dry run' if cfg.get('dry_run') else ''}",
+        f"  targets: {targets}" + (f" (cgroup {doc['cgroup']})" if doc.get("cgroup") else ""),
+        f"  moved {tot.get('bytes_moved', 0) / mib:.0f} MiB: promoted {tot.get('promoted', 0)} "
+        f"demoted {tot.get('demoted', 0)} pages, busy {tot.get('busy', 0)}, failed "
+        f"{tot.get('failed', 0)}, ping-pongs {tot.get('ping_pongs', 0)}",
+    ]
+    if doc.get("control_socket"):
+        lines.append(f"  control socket {doc['control_socket']}")
+    if last:
+        res = " ".join(f"node{n} {b / mib:.0f}M" for n, b in sorted(last.get("resident", {}).items()))
+        lines.append(f"  interval {last['interval']}: fast {last['fast_used'] / mib:.0f} of "
+                     f"{last['budget'] / mib:.0f} MiB budget; {res}; cpu {last['cpu_s'] * 1000:.1f} ms")
+    return "\n".join(lines)

@@ -1,0 +1,269 @@
+"""What ``pagetier bench sim`` and ``pagetier train-rl`` run (their commands are in
+pagetier/cli/): traces loaded, the cost model of the options, every policy replayed at every
+capacity beside the oracle and static placement, the table, the losses and the plot.
+
+A TRACE argument is a trace file written by ``pagetier record`` (profiler/trace.py), a
+built-in trace ``builtin:NAME`` (policies/builtin_traces.py; ``pagetier bench traces`` lists
+them) or a synthetic trace spec ``synth:PATTERN[:key=value,...]`` (policies/synth.py), for
+example ``synth:zipf:pages=4096,seed=2``.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pagetier.errors import ConfigError
+
+DEFAULT_POLICIES = "first-touch,lru,heat-classes,heuristic"
+
+
+def load_trace(spec: str) -> tuple[str, list, float | None]:
+    """(name, frames, interval_s or None) for a trace file, a ``builtin:`` or a ``synth:`` spec."""
+    if spec.startswith("synth:"):
+        from pagetier.policies import synth
+
+        return spec[len("synth:"):], synth.from_spec(spec), None
+    from pagetier.profiler.trace import read_trace
+
+    if spec.startswith("builtin:"):
+        from pagetier.policies import builtin_traces
+
+        tr = read_trace(builtin_traces.path(spec[len("builtin:"):]))
+        return spec[len("builtin:"):], list(tr.intervals()), (tr.interval_s or None)
+
+    tr = read_trace(spec)
+    return Path(spec).stem, list(tr.intervals()), (tr.interval_s or None)
+
+
+def split_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def cost_of_options(preset, fast_ns, slow_ns, migrate_us, migrate_mb_s, accesses_per_count,
+          cost_file=None):
+    """The CostModel of the options; ``accesses_per_count`` "auto" leaves it to ``for_trace``."""
+    from pagetier.policies.simulate import cost_model
+
+    if accesses_per_count == "auto":
+        accesses_per_count = None
+    else:
+        try:
+            accesses_per_count = float(accesses_per_count)
+        except ValueError:
+            raise ConfigError(f"--accesses-per-count {accesses_per_count!r}: give a number "
+                              "or auto") from None
+    cost = cost_model(preset, fast_ns=fast_ns, slow_ns=slow_ns, migrate_us=migrate_us,
+                      migrate_mb_s=migrate_mb_s, accesses_per_count=accesses_per_count,
+                      base_file=cost_file)
+    cost.auto_anchor = accesses_per_count is None and cost.name != "measured"
+    return cost
+
+
+def for_trace(cost, frames, interval_s):
+    """The cost model for one trace: time-anchored when the counts are recorded (not synth:)
+    and --accesses-per-count is auto (see policies/simulate.py)."""
+    from pagetier.policies.simulate import time_anchored
+
+    if getattr(cost, "auto_anchor", False) and interval_s is not None:
+        return time_anchored(cost, frames, interval_s)
+    return cost
+
+
+# ----------------------------------------------------------------------------- bench sim
+DEFAULT_POLICY = "heuristic"  # the daemon's default policy
+BASELINES = ("lru", "heat-classes")  # what the default policy must not lose to (and static)
+LOSS_TOLERANCE = 1e-4  # time ratios within 0.01% count as a tie (the estimate is not finer)
+
+
+def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow",
+              rl_model=None, oracle=True, oracle_time_limit=30.0, oracle_groups=256,
+              oracle_windows=120, oracle_budget=None, progress=None) -> tuple[list, list]:
+    """Every (trace, capacity, policy) run: (runs, static runs), one dict per run.
+
+    Each (trace, capacity) also gets the best static placement (policies/oracle.py), in the
+    second list; every run says ``vs_static`` (its time over static's, minus 1). The oracle's
+    run (``oracle``) is the better replay of the ILP's plan and of static placement
+    (``oracle_source``), so its ``gap_to_static`` is <= 0; ``ilp_gap_to_static`` is the
+    ILP's own. ``distance_to_oracle`` is relative to the oracle's time.
+
+    ``oracle_budget``: seconds for all oracle solves together; each solve gets at most its
+    share of what is left (and ``oracle_time_limit``), so the whole bench stays bounded."""
+    from pagetier.policies import oracle as oracle_mod
+    from pagetier.policies.simulate import SimConfig, capacity_pages, footprint, simulate
+
+    rows, statics = [], []
+    base_cost = cost
+    solves_left = len(traces) * len(capacities)
+    budget_end = None if oracle_budget is None else time.monotonic() + oracle_budget
+    for name, frames, interval_s in traces:
+        cost = for_trace(base_cost, frames, interval_s)
+        fp = footprint(frames)
+        units = oracle_mod.trace_units(frames)
+        for cap_spec in capacities:
+            cap = capacity_pages(cap_spec, fp)
+            cfg = SimConfig(capacity=cap, cost=cost, rate_mb_s=rate, interval_s=interval_s,
+                            placement=placement)
+            base = {"trace": name, "capacity": cap_spec, "capacity_pages": cap,
+                    "footprint_pages": fp, "accesses_per_count": cost.accesses_per_count}
+            ref = None
+            limit = oracle_time_limit
+            if oracle and budget_end is not None:
+                limit = max(1.0, min(limit, (budget_end - time.monotonic()) / solves_left))
+            solves_left -= 1
+            y = oracle_mod.yardstick(frames, cfg, ilp=oracle, units=units,
+                                     max_groups=oracle_groups, max_windows=oracle_windows,
+                                     time_limit=limit)
+            static_s = y.static.est_time_s
+            vs = (lambda t: t / static_s - 1.0) if static_s else (lambda t: 0.0)  # noqa: E731
+            statics.append({**base, **_row(y.static), "vs_static": 0.0,
+                            "static": y.static_plan.describe()})
+            if progress:
+                progress()
+            if oracle:
+                ref = y.best.est_time_s
+                rows.append({**base, **_row(y.best), "policy": "oracle",
+                             "optimal": y.solution.optimal, "oracle": y.solution.describe(),
+                             "oracle_source": y.source, "ilp_est_time_s": y.ilp.est_time_s,
+                             "ilp_slowdown": y.ilp.slowdown, "static_est_time_s": static_s,
+                             "gap_to_static": y.gap_to_static,
+                             "ilp_gap_to_static": y.ilp_gap_to_static,
+                             "vs_static": y.gap_to_static, "distance_to_oracle": 0.0})
+                if progress:
+                    progress()
+            for pol in policies:
+                opts = {"model": str(rl_model)} if pol == "rl" else None
+                res = simulate(frames, pol, cfg, options=opts, name=pol)
+                row = {**base, **_row(res), "static_est_time_s": static_s,
+                       "vs_static": vs(res.est_time_s)}
+                if ref:
+                    row["distance_to_oracle"] = res.est_time_s / ref - 1.0
+                rows.append(row)
+                if progress:
+                    progress()
+    return rows, statics
+
+
+def _row(res) -> dict:
+    d = res.as_dict()
+    keep = ("policy", "est_time_s", "slowdown", "hit_ratio", "migrated_pages", "migrated_bytes",
+            "promoted_pages", "demoted_pages", "ping_pongs", "clipped", "access_s", "migrate_s",
+            "all_fast_s", "intervals")
+    return {k: d[k] for k in keep}
+
+
+def losses(rows: list[dict], statics: list[dict], policy: str = DEFAULT_POLICY,
+           baselines=BASELINES) -> list[dict]:
+    """Where ``policy`` is slower than a baseline or than static placement: one dict per
+    (trace, capacity, baseline), with ``ratio`` = its time over the baseline's (above
+    1 + ``LOSS_TOLERANCE``)."""
+    out = []
+    by = {(r["trace"], r["capacity"], r["policy"]): r for r in rows + statics}
+    for st in statics:
+        mine = by.get((st["trace"], st["capacity"], policy))
+        if mine is None:
+            continue
+        for b in (*baselines, "static"):
+            other = by.get((st["trace"], st["capacity"], b))
+            if other is None or not other["est_time_s"] > 0:
+                continue
+            ratio = mine["est_time_s"] / other["est_time_s"]
+            if ratio > 1.0 + LOSS_TOLERANCE:
+                out.append({"trace": st["trace"], "capacity": st["capacity"], "policy": policy,
+                            "baseline": b, "ratio": ratio, "slowdown": mine["slowdown"],
+                            "baseline_slowdown": other["slowdown"]})
+    return out
+
+
+def format_losses(found: list[dict], statics: list[dict], rows: list[dict],
+                  policy: str = DEFAULT_POLICY, baselines=BASELINES) -> str:
+    """Lines saying where ``policy`` loses, and how many such cases there are of each kind."""
+    present = [b for b in (*baselines, "static") if b == "static" or any(r["policy"] == b for r in rows)]
+    if not any(r["policy"] == policy for r in rows) or not statics:
+        return ""
+    cases = len(statics)
+    if not found:
+        return (f"{policy} is at least as good as {', '.join(present)} in every trace and "
+                f"capacity pair ({cases})")
+    out = []
+    groups: dict = {}
+    for x in found:
+        groups.setdefault((x["trace"], x["capacity"]), []).append(x)
+    for (trace, cap), xs in groups.items():
+        what = ", ".join(f"{x['baseline']} by {x['ratio']:.4f}x ({x['slowdown']:.3f} vs "
+                         f"{x['baseline_slowdown']:.3f})" for x in xs)
+        out.append(f"{policy} LOSES on {trace} {cap}: slower than {what}")
+    counts = ", ".join(f"{b} in {sum(x['baseline'] == b for x in found)}" for b in present)
+    out.append(f"{policy} is slower than {counts} of {cases} trace and capacity pairs")
+    return "\n".join(out)
+
+
+def format_table(rows: list[dict], statics: list[dict] | None = None) -> str:
+    """The runs, with each (trace, capacity)'s static run after its oracle run."""
+    head = f"{'trace':<14} {'cap':>4} {'policy':<12} {'est s':>8} {'slow':>6} {'hit':>6} " \
+           f"{'MB mv':>7} {'pp':>5} {'vs opt':>7} {'vs st':>7}"
+    out = [head]
+    statics = statics or []
+    st_by = {(s["trace"], s["capacity"]): s for s in statics}
+    ordered, done = [], set()
+    for r in rows:
+        key = (r["trace"], r["capacity"])
+        if key not in done and r["policy"] != "oracle" and key in st_by:
+            ordered.append(st_by[key])  # no oracle run: static comes first
+        ordered.append(r)
+        if r["policy"] == "oracle" and key in st_by:
+            ordered.append(st_by[key])
+        done.add(key)
+    for r in ordered:
+        dist = r.get("distance_to_oracle")
+        vs = r.get("vs_static")
+        mark = "" if r.get("optimal", True) else "*"
+        if r["policy"] == "oracle" and r.get("oracle_source") == "static":
+            mark += "="
+        ds = "-" if dist is None else f"{dist:+.1%}"
+        vss = "-" if vs is None else f"{vs:+.1%}"
+        out.append(f"{r['trace'][:14]:<14} {str(r['capacity']):>4} {(r['policy'] + mark)[:12]:<12} "
+                   f"{r['est_time_s']:8.3g} {r['slowdown']:6.3f} {r['hit_ratio']:6.1%} "
+                   f"{r['migrated_bytes'] / (1 << 20):7.1f} {r['ping_pongs']:5d} {ds:>7} {vss:>7}")
+    out.append("static: the best fixed set of units for the whole trace; vs st: time over "
+               "static's")
+    if any(not r.get("optimal", True) for r in rows):
+        out.append("oracle*: bounded (time limit or gap), not proven optimal")
+    if any(r.get("oracle_source") == "static" for r in rows):
+        out.append("oracle=: the ILP's plan was not better than static placement; the oracle "
+                   "is static's")
+    for r in rows:
+        if r.get("oracle"):
+            gap = r.get("ilp_gap_to_static")
+            out.append(f"{r['trace'][:16]} {r['capacity']}: {r['oracle']}"
+                       + ("" if gap is None else f"; ILP {gap:+.2%} vs static"))
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path) -> None:
+    """Estimated slowdown against fast-tier capacity, one line per policy, one panel per trace."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    ncols = min(4, len(traces))
+    nrows = -(-len(traces) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
+    for ax in axes.flat[len(traces):]:
+        ax.set_visible(False)
+    for ax, tr in zip(axes.flat, traces):
+        sub = [r for r in rows if r["trace"] == tr]
+        for pol in dict.fromkeys(r["policy"] for r in sub):
+            pts = sorted((r["capacity_pages"] / max(r["footprint_pages"], 1) * 100, r["slowdown"])
+                         for r in sub if r["policy"] == pol)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol,
+                    linestyle={"oracle": "--", "static": ":"}.get(pol, "-"))
+        ax.set_title(tr, fontsize=9)
+        ax.set_xlabel("fast-tier capacity (% of footprint)")
+        ax.set_ylabel("estimated slowdown vs all-fast")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

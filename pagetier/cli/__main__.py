@@ -1,0 +1,4 @@
+"""``python -m pagetier.cli``: the pagetier command."""
+from pagetier.cli import main
+
+main()

@@ -1,0 +1,37 @@
+"""What a profiler hands the daemon, the simulator and the trace files: one interval's access
+counts of one process, per unit (a 4 KiB page or a 2 MiB huge mapping)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Sample:
+    """One interval's access counts for one process, one entry per tracked mapping unit.
+
+    addr: start address (uint64); count: accesses since the last read (uint32);
+    node: NUMA node or -1 if unknown (int16); npages: 4 KiB pages in the unit, 1 or 512 (uint16);
+    freq: estimated accesses per second of the unit over the interval (float32), the one
+    frequency signal every backend maps to (0: not accessed). Empty when a backend gives no
+    estimate: use :meth:`rates` rather than reading it directly.
+    """
+
+    pid: int
+    addr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    count: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    node: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
+    npages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint16))
+    complete: bool = True  # False when only accessed units are listed
+    freq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+
+    def __len__(self) -> int:
+        return len(self.addr)
+
+    def rates(self, interval_s: float) -> np.ndarray:
+        """Estimated accesses per second per unit: ``freq`` when the backend estimated it, else
+        the interval's count over its length (a lower bound: one count per scan at most)."""
+        if len(self.freq) == len(self.addr):
+            return self.freq.astype(np.float32, copy=False)
+        return (self.count.astype(np.float64) / max(float(interval_s), 1e-6)).astype(np.float32)
