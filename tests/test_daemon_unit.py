@@ -350,15 +350,16 @@ def test_first_decision_when_the_profiler_has_its_estimate(tmp_path):
     """With a profiler that says when its first frequency estimate is in (pagetier.ko), the
     first decision comes once it is, not a fixed interval after the start: here the interval
     is 5 s and the run 1.5 s, so a fixed wait would put it at the end of the run."""
-    cfg = config_mod.load(None, {"policy": "test-greedy", "profiler": "stub", "interval": 5.0,
-                                 "fast_budget": "4M", "json": True})
+    cfg = daemon_config(tmp_path, policy="test-greedy", interval=5.0, fast_budget="4M",
+                        json=True, control_socket=str(tmp_path / "c.sock"))
+    cfg.duration = 1.5
     prof = StubProfiler(units=256, hot=16)
     asked = []
     prof.first_estimate_ready = lambda pid: (asked.append(pid) or len(asked) >= 3)
+    clock = FakeClock()
     d = Daemon(cfg, pids=(4242,), profiler=prof, policy=Greedy(), mover=StubMover(prof),
-               numab=False, status_path=tmp_path / "daemon-1.json", handle_signals=False,
-               out=open(os.devnull, "w"), duration=1.5)
-    d._alive = lambda pid: True
+               numab=False, out=open(os.devnull, "w"), clock=clock)
+    d.tracker.alive = lambda pid: True
     first = []
     orig = d.step
 
