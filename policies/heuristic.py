@@ -18,7 +18,12 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
 4. exchanges: when a promotion needs room (the budget or the node full), demotes the coldest
    fast units, those outside the hot set first, but only for a unit measurably hotter:
    promoted heat > victim heat * (1 + ``margin``) and at least ``gap_ratio`` times the
-   reference heat above it (two noise units never swap). Demotions come first in the plan and
+   reference heat above it (two noise units never swap), and itself at least
+   ``exchange_ratio`` times the median heat of the hot set. Colder units are warm: they fill
+   free room but never push a resident out (with noise on every huge page, the warm units'
+   estimates jump from one interval to the next and they kept trading the spare budget among
+   themselves; the reference heat falls among them when their share of all the heat is
+   large, so the bar is taken from the hot set). Demotions come first in the plan and
    the daemon moves them first, so the promotions find the room freed. The node limit never
    makes the policy demote by itself (the daemon does not give memory to other tenants);
    fast-node use above ``high_watermark * fast_budget`` is demoted down to ``low_watermark``;
@@ -121,6 +126,7 @@ def plan_moves(
     max_moves: int,
     margin: float = 0.0,
     gap: float = 0.0,
+    bar: float = 0.0,
     n_room: int | None = None,
     passes: int = 4,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +139,7 @@ def plan_moves(
     max_moves: pages that may move in all; n_room: how many leading victims may be evicted to
     make room for a promotion (default all; the rest serve only ``must``).
     A promotion that needs evictions is taken only if its rank exceeds every evicted victim's
-    rank times ``1 + margin`` and by at least ``gap``. Promotions are taken in order; a candidate that does not fit is
+    rank times ``1 + margin`` and by at least ``gap``, and is at least ``bar``. Promotions are taken in order; a candidate that does not fit is
     skipped and the next ones are tried, up to ``passes`` times.
 
     Returns (promote, demote) unit indices. Guarantees: demoted + promoted pages <=
@@ -176,7 +182,8 @@ def plan_moves(
         evicts = jc > j0
         if evicts.any():
             vm = vmax[np.clip(jc - j0 - 1, 0, None)] if len(vmax) else np.full(len(jc), np.inf)
-            ok &= ~evicts | (promo_rank[cand].astype(np.float64) > vm)
+            pr = promo_rank[cand].astype(np.float64)
+            ok &= ~evicts | ((pr > vm) & (pr >= bar))
         k = len(ok) if ok.all() else int(np.argmin(ok))
         if k:
             taken.append(promo[cand[:k]])
@@ -216,6 +223,7 @@ class Heuristic(Policy):
         min_residency: int = 2  # intervals a moved unit stays where it was moved
         margin: float = 0.25  # a swap needs promoted heat > victim heat * (1 + margin)...
         gap_ratio: float = 0.1  # ...and promoted - victim heat >= gap_ratio * reference heat
+        exchange_ratio: float = 0.25  # ...and promoted heat >= exchange_ratio * hot set's median
         noise_ratio: float = 0.05  # colder than noise_ratio * reference heat: noise, not promoted
         ref_mass: float = 0.9  # the reference heat: the coldest unit of those carrying this share
         thrash_window: int = 4  # a move within this many intervals of the last is a move-back
@@ -244,6 +252,8 @@ class Heuristic(Policy):
                 bad("margin", "must be >= 0")
             if not self.gap_ratio >= 0:
                 bad("gap_ratio", "must be >= 0")
+            if not 0 <= self.exchange_ratio <= 1:
+                bad("exchange_ratio", "must be in [0, 1]")
             if not 0 <= self.noise_ratio < 1:
                 bad("noise_ratio", "must be in [0, 1)")
             if not 0 < self.ref_mass <= 1:
@@ -361,6 +371,9 @@ class Heuristic(Policy):
         threshold = float(score[desired].min()) if len(desired) else None
         must = used - cap_b_low if used > cap_b_high else 0
         gap = c.gap_ratio * ref
+        # a promotion that evicts a resident must be hot, not merely warm: at least
+        # exchange_ratio times the hot set's median heat
+        bar = c.exchange_ratio * float(np.median(score[desired])) if len(desired) else 0.0
 
         # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
         oversubscribed = hot_pages > min(budget, node_cap if node_cap is not None else budget)
@@ -388,7 +401,7 @@ class Heuristic(Policy):
             p, d = plan_moves(
                 npages, promo, score[promo], fidx, score[fidx],
                 used=used, cap=cap_high, must=must, max_moves=max_moves,
-                margin=margin, gap=gap, n_room=n_room,
+                margin=margin, gap=gap, bar=bar, n_room=n_room,
             )
             # a move-back: a unit moved within thrash_window moved again
             back = np.concatenate([p[within[p]], d[within[d]]])
