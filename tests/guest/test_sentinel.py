@@ -30,13 +30,7 @@ MIB = 1 << 20
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kmod_loaded():
-    """Inside the VM the module must load: a failure to load is an error of every test here."""
-    from pagetier.profiler import kmod
-
-    kmod.load_module()
-    yield
+pytestmark = pytest.mark.usefixtures("kmod_loaded")
 
 
 @pytest.fixture
