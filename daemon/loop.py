@@ -65,10 +65,11 @@ from pagetier.daemon import control
 from pagetier.daemon import report
 from pagetier.daemon.clock import Clock
 from pagetier.daemon.executor import Executor, new_tally
-from pagetier.daemon.numab import NumaBalancing, run_dir
+from pagetier.daemon.numab import NumaBalancing
 from pagetier.daemon.targets import Targets
 from pagetier.errors import ConfigError, PagetierError
 from pagetier.profiler import base as profiler_base
+from pagetier.protocol import run_dir
 
 log = logging.getLogger("pagetier.daemon")
 

@@ -23,15 +23,11 @@ from pathlib import Path
 import psutil
 
 from pagetier.errors import Unavailable
+from pagetier.protocol import run_dir
 
 log = logging.getLogger("pagetier.numab")
 
 PROC_PATH = Path("/proc/sys/kernel/numa_balancing")
-
-
-def run_dir() -> Path:
-    """Where pagetier keeps run-time state: $PAGETIER_RUN_DIR or /run/pagetier."""
-    return Path(os.environ.get("PAGETIER_RUN_DIR", "/run/pagetier"))
 
 
 def _start_time(pid: int) -> float | None:

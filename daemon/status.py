@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from pagetier.daemon.numab import run_dir
+from pagetier.protocol import run_dir
 
 log = logging.getLogger("pagetier.daemon")
 

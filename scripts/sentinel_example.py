@@ -10,7 +10,9 @@ annotated by hand): its parameters, gradients and large activations are register
 layer's forward and backward start is a layer boundary. Iteration ``--profile-step`` is
 profiled. Each iteration prints a JSON line (loss, seconds, and the
 fraction of the parameters on each NUMA node, asked with move_pages); the last line is
-``{"event": "done", ...}``. Without a daemon the annotations are no-ops and it just trains.
+``{"event": "done", ...}``. ``--events FILE`` writes the same lines to FILE as well: under
+``pagetier run --json`` stdout also carries the daemon's lines, and FILE holds the example's
+alone. Without a daemon the annotations are no-ops and it just trains.
 """
 from __future__ import annotations
 
@@ -133,7 +135,17 @@ def main(argv=None) -> int:
     ap.add_argument("--min-activation-kb", type=int, default=256,
                     help="register activations at least this big (default 256 KiB)")
     ap.add_argument("--lr", type=float, default=0.5, help="SGD learning rate (default 0.5)")
+    ap.add_argument("--events", type=argparse.FileType("w"), metavar="FILE",
+                    help="also write the event lines to FILE (stdout only by default)")
     args = ap.parse_args(argv)
+
+    def emit(event: dict) -> None:
+        line = json.dumps(event)
+        print(line, flush=True)
+        if args.events:
+            args.events.write(line + "\n")
+            args.events.flush()
+
     for key in ("steps", "width", "depth", "batch"):
         if getattr(args, key) < 1:
             ap.error(f"--{key} must be >= 1")
@@ -144,8 +156,8 @@ def main(argv=None) -> int:
     model = (TorchMLP if args.framework == "torch" else NumpyMLP)(args)
     setup_s = time.monotonic() - t0
     params = sum(n for _, n in model.params())
-    print(json.dumps({"event": "start", "framework": args.framework, "setup_s": round(setup_s, 2),
-                      "param_bytes": params, "annotations": annotate.enabled()}), flush=True)
+    emit({"event": "start", "framework": args.framework, "setup_s": round(setup_s, 2),
+          "param_bytes": params, "annotations": annotate.enabled()})
 
     losses = []
     for step in range(args.steps):
@@ -156,12 +168,12 @@ def main(argv=None) -> int:
         losses.append(model.step())
         if profiling:
             annotate.end_profile()
-        print(json.dumps({"event": "step", "step": step, "loss": round(losses[-1], 6),
-                          "s": round(time.monotonic() - t, 3), "profiled": profiling,
-                          "param_nodes": nodes_of(model.params())}), flush=True)
+        emit({"event": "step", "step": step, "loss": round(losses[-1], 6),
+              "s": round(time.monotonic() - t, 3), "profiled": profiling,
+              "param_nodes": nodes_of(model.params())})
     model.close()
-    print(json.dumps({"event": "done", "steps": args.steps, "first_loss": losses[0],
-                      "last_loss": losses[-1], "s": round(time.monotonic() - t0, 2)}), flush=True)
+    emit({"event": "done", "steps": args.steps, "first_loss": losses[0],
+          "last_loss": losses[-1], "s": round(time.monotonic() - t0, 2)})
     return 0
 
 

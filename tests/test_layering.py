@@ -53,19 +53,16 @@ def test_the_layers_hold(tmp_path):
     assert "BROKEN" not in r.stdout and ", 0 broken" in r.stdout, r.stdout
 
 
-def test_an_upward_import_breaks_the_contract(tmp_path):
-    """The contract can fail: the core importing the daemon is reported."""
+@pytest.mark.parametrize("module,line,report", [
+    # the core importing the daemon: an import from a layer above
+    ("core/units.py", "from pagetier.daemon import config", "pagetier.core.units -> pagetier.daemon.config"),
+    # two daemon modules importing each other: a cycle
+    ("daemon/clock.py", "from pagetier.daemon import loop", "No cycles are allowed in pagetier.daemon"),
+])
+def test_a_broken_contract_is_reported(tmp_path, module, line, report):
+    """The contracts can fail: an import that breaks one is reported."""
     import_tree(tmp_path)
-    bad = tmp_path / "pagetier" / "core" / "units.py"
-    bad.write_text(bad.read_text() + "\nfrom pagetier.daemon import config  # noqa\n")
+    bad = tmp_path / "pagetier" / module
+    bad.write_text(bad.read_text() + f"\n{line}  # noqa\n")
     r = lint(tmp_path, REPO / "pyproject.toml")
-    assert r.returncode != 0 and "pagetier.core.units -> pagetier.daemon.config" in r.stdout, r.stdout
-
-
-def test_a_cycle_breaks_the_contract(tmp_path):
-    """The contract can fail: two daemon modules importing each other are reported."""
-    import_tree(tmp_path)
-    bad = tmp_path / "pagetier" / "daemon" / "clock.py"
-    bad.write_text(bad.read_text() + "\nfrom pagetier.daemon import loop  # noqa\n")
-    r = lint(tmp_path, REPO / "pyproject.toml")
-    assert r.returncode != 0 and "No cycles are allowed in pagetier.daemon" in r.stdout, r.stdout
+    assert r.returncode != 0 and report in r.stdout, r.stdout

@@ -13,20 +13,10 @@ from pagetier.policies.simulate import (PRESETS, SimConfig, capacity_pages, cost
                                         footprint, simulate)
 from pagetier.profiler.base import Sample  # noqa: E402
 
+from sim_frames import frames_of  # noqa: E402
+
 COST = cost_model("dram-cxl", fast_ns=100, slow_ns=300, migrate_us=1.0, migrate_mb_s=4096)
 ONE_PAGE_PER_S = 4096 / (1 << 20)  # MB/s giving a rate limit of one page per 1 s interval
-
-
-def frames_of(counts, pid=7):
-    out = []
-    for t, row in enumerate(counts):
-        row = np.asarray(row)
-        sel = np.flatnonzero(row)
-        s = Sample(pid=pid, addr=(0x1000 * (sel + 1)).astype(np.uint64),
-                   count=row[sel].astype(np.uint32), node=np.full(len(sel), -1, np.int16),
-                   npages=np.ones(len(sel), np.uint16), complete=False)
-        out.append((t, float(t), {pid: s}))
-    return out
 
 
 def brute_force(counts, capacity, max_moves):

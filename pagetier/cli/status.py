@@ -5,7 +5,7 @@ import json
 
 import click
 
-from pagetier.daemon.numab import run_dir
+from pagetier.protocol import run_dir
 from pagetier.daemon.status import format_status, read_status
 from pagetier.errors import PagetierError
 

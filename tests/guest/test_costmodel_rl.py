@@ -24,12 +24,7 @@ SQL = ("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);\n"
        + "SELECT count(*) FROM t WHERE v LIKE '%AB%';\n" * 20)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kmod_loaded():
-    from pagetier.profiler import kmod
-
-    kmod.load_module()
-    yield
+pytestmark = pytest.mark.usefixtures("kmod_loaded")
 
 
 def _show(request, line: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 
-from pagetier.profiler import kmod
 from pagetier.workload import binary
 
 from daemon_run import DaemonRun, run_env
@@ -25,10 +24,7 @@ pytestmark = pytest.mark.vm
 CASES = [(mode, thp) for mode in ("fault", "abit") for thp in (True, False)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kmod_loaded():
-    kmod.load_module()
-    yield
+pytestmark = pytest.mark.usefixtures("kmod_loaded")
 
 
 def drive_migrations(tmp_path, mode: str, thp: bool, pages: int, timeout: float,

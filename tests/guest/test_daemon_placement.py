@@ -21,31 +21,15 @@ from pagetier.core import mover
 from pagetier.profiler import kmod
 from pagetier.workload import Workload, binary
 
-from daemon_run import PAGETIER, DaemonRun, run_env
-from helpers import split_json_lines
+from daemon_run import PAGETIER, DaemonRun
+from helpers import node_free, split_json_lines
 
 pytestmark = pytest.mark.vm
 MIB = 1 << 20
 WAIT = 900  # seconds: a daemon's start (imports) alone can take minutes on a loaded host
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kmod_loaded():
-    kmod.load_module()
-    yield
-
-
-@pytest.fixture
-def env(tmp_path):
-    return run_env(tmp_path)
-
-
-def _node_free(node: int) -> int:
-    with open(f"/sys/devices/system/node/node{node}/meminfo") as f:
-        for line in f:
-            if "MemFree:" in line:
-                return int(line.split()[-2]) * 1024
-    raise KeyError("MemFree")
+pytestmark = pytest.mark.usefixtures("kmod_loaded")
 
 
 def _summary(stats, ticks, stderr="") -> str:
@@ -122,12 +106,12 @@ def test_exchange_when_the_node_is_fuller_than_the_budget(env):
                        "--interval", "1"], env)
         # the daemon's own memory is allocated by its first interval: size the hog after it
         d.wait_for(lambda: len(d.stats) >= 1, WAIT, "a first interval")
-        hog_mb = _node_free(0) // MIB - 40
+        hog_mb = node_free(0) // MIB - 40
         if hog_mb < 64:
-            pytest.skip(f"node 0 has only {_node_free(0) // MIB} MiB free")
+            pytest.skip(f"node 0 has only {node_free(0) // MIB} MiB free")
         hog = Workload("--size", str(hog_mb), "--hot", "1", "--duration", "0", "--quiet",
                        "--no-thp", cmd_prefix=["numactl", "--preferred=0"])
-        print(f"hog {hog_mb} MiB; node 0 free now {_node_free(0) // MIB} MiB")
+        print(f"hog {hog_mb} MiB; node 0 free now {node_free(0) // MIB} MiB")
         n0 = len(d.stats)
         w.proc.send_signal(signal.SIGUSR1)  # the accesses start
         deadline = time.monotonic() + WAIT

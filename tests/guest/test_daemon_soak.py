@@ -30,10 +30,7 @@ pytestmark = pytest.mark.vm
 MIB_KIB = 1024
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kmod_loaded():
-    kmod.load_module()
-    yield
+pytestmark = pytest.mark.usefixtures("kmod_loaded")
 
 
 def check_counters(d: DaemonRun, timeout: float = 10) -> dict | None:
