@@ -64,6 +64,12 @@ log = logging.getLogger("pagetier.daemon")
 MIB = 1 << 20
 STUCK_RETRY = 32  # intervals before units whose move failed for good (EACCES...) are tried again
 ROOM_MARGIN = 1 * MIB  # promotions leave this much above the fast node's high watermark
+# A read lists only the units accessed since the last one (READ_ACCESSED_ONLY: the cost follows
+# the accessed set); every FULL_READ_EVERY intervals, and at a target's first read, it lists
+# every unit the profiler tracks: that read finds the units that appeared cold (their node
+# counts against the budget) and those unmapped (absent from it: forgotten; a move that finds
+# a page gone forgets it sooner).
+FULL_READ_EVERY = 16
 
 
 def _jsonable(o):
@@ -384,9 +390,9 @@ class Daemon:
         """Ask the kernel for the node of units the profiler did not place."""
         query = getattr(self.mover, "query_nodes", None)
         st = self.state
-        unknown = np.flatnonzero(st.node < 0)
-        if query is None or not len(unknown):
+        if query is None or not st.pages_on(-1):
             return
+        unknown = np.flatnonzero(st.node < 0)
         pids = st.pid_of(unknown)
         for pid in np.unique(pids).tolist():
             sel = unknown[pids == pid]
@@ -396,7 +402,7 @@ class Daemon:
                 if self._target_gone(pid, e) is False:
                     raise
                 continue  # refresh_targets drops it once it has exited
-            st.node[sel] = np.where(nodes >= 0, nodes, -1).astype(np.int8)
+            st.set_nodes(sel, np.where(nodes >= 0, nodes, -1).astype(np.int8))
 
     # ------------------------------------------------------------------ one interval
     def _max_count(self, elapsed: float) -> int | None:
@@ -410,8 +416,9 @@ class Daemon:
 
     def read_target(self, pid: int) -> float:
         """Read ``pid``'s counts into the state and show them to the policy; the merge time."""
+        full = pid not in self._last_read or self.state.interval % FULL_READ_EVERY == 0
         try:
-            sample = self.profiler.read(pid, reset=True)
+            sample = self.profiler.read(pid, reset=True, accessed_only=not full)
         except (PagetierError, OSError) as e:
             if not self._alive(pid):
                 self.drop(pid)
@@ -512,12 +519,8 @@ class Daemon:
         if not cfg.dry_run:
             self._interval_moved += demoted_pages + promoted_pages
 
-        resident: dict[str, int] = {}
-        if len(st):
-            nodes, inv = np.unique(st.node, return_inverse=True)
-            pages = np.bincount(inv.ravel(), weights=st.npages.astype(np.float64))
-            resident = {(str(int(n)) if n >= 0 else "unknown"): int(p) * PAGE_SIZE
-                        for n, p in zip(nodes, pages)}
+        resident = {(str(n) if n >= 0 else "unknown"): p * PAGE_SIZE
+                    for n, p in st.resident().items()}
         fast_used_b = st.movable_on(cfg.fast_node) * PAGE_SIZE
         stats = {
             "interval": st.interval,
