@@ -129,6 +129,9 @@ class PageState:
         self._cand = None  # sorted indices: every other unit's heat is below _cand_floor
         self._cand_floor = 0.0
         self._out = 0.0  # the stored heat of the units outside _cand
+        # node -> [sorted indices, T heat, T index]: every other unit on the node has
+        # (stored heat, index) >= (T heat, T index) (heat only grows between decays)
+        self._pools: dict[int, list] = {}
 
     def __len__(self) -> int:
         return len(self._a)
@@ -217,6 +220,7 @@ class PageState:
         self._account(idx, -1)
         self._a["node"][idx] = node
         self._account(idx, 1)
+        self._pool_join(np.unique(idx))
 
     # ------------------------------------------------------------------ candidates
     def touched(self) -> np.ndarray:
@@ -261,23 +265,67 @@ class PageState:
             self._out -= float(stored_before[~inside].sum(dtype=np.float64))
             self._cand = np.union1d(c, idx[~inside])
 
-    def coldest(self, node: int, n: int, within: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+    def coldest(self, node: int, n: int) -> tuple[np.ndarray, bool]:
         """(units on ``node``, coldest first (heat, then index), at least ``n`` of them or all;
-        whether that is all of them). ``within``: only among these indices (sorted)."""
-        a = self._a
-        on = np.flatnonzero(a["node"] == node) if within is None else within[a["node"][within] == node]
-        h = a["heat"][on]
+        whether that is all of them). A true prefix of the node's units in that order.
+
+        Kept between calls: a pool of the node's coldest units and the key (heat, index) of
+        the first unit outside it. Units outside only get hotter (a touched unit's heat
+        grows), units that join the node colder than that key join the pool, so the pool's
+        members below the key stay the node's coldest; it is rebuilt (one pass over the
+        units) when fewer than ``n`` are left."""
         n = max(0, int(n))
-        if n >= len(on):
-            return on[np.argsort(h, kind="stable")], True
-        if n == 0:
-            return on[:0], False
-        v = np.partition(h, n - 1)[n - 1]
-        below = on[h < v]
-        ties = on[h == v][: n - len(below)]
-        sel = np.concatenate([below, ties])
-        sel.sort()
-        return sel[np.argsort(a["heat"][sel], kind="stable")], False
+        a = self._a
+        pool = self._pools.get(node)
+        if pool is not None:
+            idx, th, ti = pool
+            idx = idx[a["node"][idx] == node]
+            h = a["heat"][idx]
+            below = (h < th) | ((h == th) & (idx < ti))
+            idx = idx[below]
+            pool[0] = idx
+            if th == np.inf or len(idx) >= n:
+                return idx[np.argsort(a["heat"][idx], kind="stable")], th == np.inf
+        on = np.flatnonzero(a["node"] == node)
+        h = a["heat"][on]
+        k = max(4 * n, 65536)
+        if k >= len(on):
+            sel, th, ti = on, np.inf, 0
+        else:
+            v = np.partition(h, k)[k]
+            below = on[h < v]
+            eq = on[h == v]
+            take = k - len(below)
+            sel = np.concatenate([below, eq[:take]])
+            sel.sort()
+            th, ti = float(v), int(eq[take]) if take < len(eq) else 1 << 62
+        self._pools[node] = [sel, th, ti]
+        order = sel[np.argsort(a["heat"][sel], kind="stable")]
+        return order, th == np.inf
+
+    def _pool_join(self, idx: np.ndarray) -> None:
+        """Units ``idx`` (sorted unique) have a new node or are new: into that node's pool when
+        colder than its key."""
+        if not self._pools or not len(idx):
+            return
+        a = self._a
+        nd = a["node"][idx]
+        for node, pool in self._pools.items():
+            j = idx[nd == node]
+            if not len(j):
+                continue
+            h = a["heat"][j]
+            th, ti = pool[1], pool[2]
+            j = j[(h < th) | ((h == th) & (j < ti))]
+            if len(j):
+                pool[0] = np.union1d(pool[0], j)
+
+    def _pool_remap(self, fn) -> None:
+        for pool in self._pools.values():
+            pool[0] = fn(pool[0])
+            if pool[2] < 1 << 62:
+                pool[2] = int(fn(np.array([pool[2]], np.int64))[0]) if len(
+                    fn(np.array([pool[2]], np.int64))) else pool[2]
 
     # ------------------------------------------------------------------ intervals
     def begin_interval(self) -> None:
@@ -286,6 +334,7 @@ class PageState:
         a = self._a
         t = self._touched
         if self.decay == 0.0:  # heat is this interval's rate: clear the last one's
+            self._pools = {}
             if t is None:
                 a["heat"] = 0
             else:
@@ -295,6 +344,7 @@ class PageState:
         else:
             self.scale *= self.decay
             if self.scale < MIN_SCALE:
+                self._pools = {}
                 a["heat"] *= np.float32(self.scale)
                 self._out *= self.scale
                 self.scale = 1.0
@@ -371,6 +421,7 @@ class PageState:
                 a["node"][ch] = f_node[change]
                 a["npages"][ch] = f_pages[change]
                 self._account(ch, 1)
+                self._pool_join(ch)
             if sample.complete:
                 a["flags"][idx] |= np.uint8(F_PRESENT)
             hit = (f_count > 0) | (f_rate > 0)
@@ -416,7 +467,9 @@ class PageState:
             hot = rows["heat"] * np.float32(self.scale) >= self._cand_floor
             self._out += float(rows["heat"][~hot].sum(dtype=np.float64))
             self._cand = np.union1d(c, new_idx[hot])
+        self._pool_remap(lambda i: _remap_insert(i, pos))
         self._account(new_idx, 1)
+        self._pool_join(new_idx)
 
     def _forget_absent(self, t: int, keys: np.ndarray) -> None:
         """Forget target ``t``'s units whose keys are not in ``keys`` (sorted)."""
@@ -457,6 +510,7 @@ class PageState:
             self._cand = _remap_delete(c, gone)
         if self._touched is not None:
             self._touched = _remap_delete(self._touched, gone)
+        self._pool_remap(lambda i: _remap_delete(i, gone))
         keep = np.ones(len(self._a), bool)
         keep[gone] = False
         self._a = self._a[keep]
@@ -486,6 +540,7 @@ class PageState:
         a["node"][idx] = node
         a["flags"][idx] &= ~np.uint8(F_UNMOVABLE)
         self._account(idx, 1)
+        self._pool_join(idx)
         a["last_move"][idx] = self.interval
         a["moves"][idx] = np.minimum(a["moves"][idx].astype(np.int64) + 1, 65535)
 

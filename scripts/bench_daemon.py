@@ -57,7 +57,7 @@ def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.
     hot = max(1, int(units * hot_frac))
     rng = np.random.default_rng(1)
     addr = np.uint64(0x7F0000000000) + np.arange(units, dtype=np.uint64) * np.uint64(PAGE)
-    node = np.where(rng.random(units) < 0.5, 0, 1).astype(np.int16)
+    node = np.where(rng.random(units) < 0.4, 0, 1).astype(np.int16)  # 80% of the budget
     hot_idx = np.sort(rng.choice(units, hot, replace=False))
 
     class Kstub(StubProfiler):
@@ -101,7 +101,7 @@ def baseline_tree(rev: str) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix="pagetier-baseline-"))
     pkg = tmp / "pagetier"
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "pagetier", "daemon",
-                              "profiler", "policies"], check=True, capture_output=True).stdout
+                              "profiler", "policies", "kmod/include"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
     for sub in ("daemon", "profiler", "policies"):
         (tmp / sub).rename(pkg / sub)
@@ -181,6 +181,7 @@ def main(argv=None) -> int:
 
     tree = None if a.baseline == "none" else baseline_tree(a.baseline)
     print(f"1. dry-run intervals, stub profiler reading as pagetier.ko, 4 KiB units, fast budget "
+          f"half, 80% used "
           f"half (policy {a.policy}; CPU ms per interval: mean of {a.intervals}, worst)")
     if tree is not None:
         print(f"   baseline: {a.baseline} (mean of {a.baseline_intervals}); ratio = baseline / this")
