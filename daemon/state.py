@@ -86,6 +86,15 @@ def _keys(target: int | np.ndarray, addr: np.ndarray) -> np.ndarray:
     return (np.asarray(target, np.uint64) << np.uint64(48)) | (addr >> np.uint64(12))
 
 
+def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted unique union of two index arrays (a sort, not a hash: faster on these sizes)."""
+    x = np.concatenate([np.asarray(a, np.int64), np.asarray(b, np.int64)])
+    if not len(x):
+        return x
+    x.sort()
+    return x[np.concatenate([[True], x[1:] != x[:-1]])]
+
+
 def _remap_insert(idx: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """Indices ``idx`` after inserting rows before old positions ``pos`` (sorted)."""
     return idx + np.searchsorted(pos, idx, side="right")
@@ -263,7 +272,7 @@ class PageState:
         inside = (p < len(c)) & (c[np.minimum(p, len(c) - 1)] == idx)
         if (~inside).any():
             self._out -= float(stored_before[~inside].sum(dtype=np.float64))
-            self._cand = np.union1d(c, idx[~inside])
+            self._cand = union(c, idx[~inside])
 
     def coldest(self, node: int, n: int) -> tuple[np.ndarray, bool]:
         """(units on ``node``, coldest first (heat, then index), at least ``n`` of them or all;
@@ -318,7 +327,7 @@ class PageState:
             th, ti = pool[1], pool[2]
             j = j[(h < th) | ((h == th) & (j < ti))]
             if len(j):
-                pool[0] = np.union1d(pool[0], j)
+                pool[0] = union(pool[0], j)
 
     def _pool_remap(self, fn) -> None:
         for pool in self._pools.values():
@@ -433,7 +442,7 @@ class PageState:
                 a["heat"][acc] = before + f_rate[hit] / np.float32(self.scale)
                 a["last_access"][acc] = self.interval
                 self._join_candidates(acc, before)
-                self._touched = np.union1d(self._touched, acc)
+                self._touched = union(self._touched, acc)
         # new units
         new = ~found
         if new.any():
@@ -460,13 +469,13 @@ class PageState:
         self._a = np.insert(self._a, pos, rows)
         new_idx = pos + np.arange(len(pos))
         if self._touched is not None:
-            self._touched = np.union1d(_remap_insert(self._touched, pos), new_idx[hit])
+            self._touched = union(_remap_insert(self._touched, pos), new_idx[hit])
         if self._cand is not None:
             c = _remap_insert(self._cand, pos)
             # the new units' heat is their rate: candidates if it reaches the floor
             hot = rows["heat"] * np.float32(self.scale) >= self._cand_floor
             self._out += float(rows["heat"][~hot].sum(dtype=np.float64))
-            self._cand = np.union1d(c, new_idx[hot])
+            self._cand = union(c, new_idx[hot])
         self._pool_remap(lambda i: _remap_insert(i, pos))
         self._account(new_idx, 1)
         self._pool_join(new_idx)

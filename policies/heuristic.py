@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagetier.daemon.state import NEVER
+from pagetier.daemon.state import NEVER, union
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Decision, Policy, register
 
@@ -328,7 +328,7 @@ class Heuristic(Policy):
             hasattr(state, m) for m in ("hotter_than", "touched", "coldest", "heat_at", "keys"))
         if incremental:
             cand, rest = state.hotter_than(c.min_heat)
-            U = np.union1d(cand, state.touched())
+            U = union(cand, state.touched())
         else:
             U, rest = np.arange(len(state)), 0.0
         keys_all = None
@@ -381,7 +381,9 @@ class Heuristic(Policy):
                 pool, complete = state.coldest(ctx.fast_node, n)
                 lm = state.last_move[pool].astype(np.int64)
                 within_p = (lm != NEVER) & (now - lm <= c.thrash_window)
-                free = ~within_p & ~np.isin(pool, hot_ids, assume_unique=True)
+                hs = np.sort(hot_ids)
+                hp = np.minimum(np.searchsorted(hs, pool), max(0, len(hs) - 1))
+                free = ~within_p & ~((hs[hp] == pool) if len(hs) else np.zeros(len(pool), bool))
                 if seen_now:
                     free &= state.rate[pool] <= 0
                 if complete or int(state.npages[pool][free].sum(dtype=np.int64)) >= need:
@@ -389,7 +391,7 @@ class Heuristic(Policy):
                 n *= 4
             if len(pool):
                 old = U
-                U = np.union1d(U, pool)
+                U = union(U, pool)
                 remap = np.searchsorted(U, old)
                 order, desired = remap[order], remap[desired]
                 heat, rate, node, npages, last_move = self._gather(state, U, False)
