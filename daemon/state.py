@@ -87,12 +87,19 @@ def _keys(target: int | np.ndarray, addr: np.ndarray) -> np.ndarray:
 
 
 def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Sorted unique union of two index arrays (a sort, not a hash: faster on these sizes)."""
-    x = np.concatenate([np.asarray(a, np.int64), np.asarray(b, np.int64)])
-    if not len(x):
-        return x
-    x.sort()
-    return x[np.concatenate([[True], x[1:] != x[:-1]])]
+    """Sorted unique union of two sorted unique index arrays: ``b``'s elements missing from
+    ``a`` inserted in place (O(len(a) + len(b) log len(a)), no sort, no hash)."""
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    if not len(b):
+        return a
+    if not len(a):
+        return b
+    p = np.searchsorted(a, b)
+    miss = (p >= len(a)) | (a[np.minimum(p, len(a) - 1)] != b)
+    if not miss.any():
+        return a
+    return np.insert(a, p[miss], b[miss])
 
 
 def _remap_insert(idx: np.ndarray, pos: np.ndarray) -> np.ndarray:
