@@ -5,7 +5,9 @@
    units (1M .. 16M units), a ``--hot`` fraction of them accessed every interval (1% and 5%
    by default) with noisy rates. Like pagetier.ko's READ, it lists only the accessed units
    when asked for them (READ_ACCESSED_ONLY) and every tracked unit otherwise (a complete read,
-   which is what finds unmapped units). Dry-run intervals of the Daemon are timed in parts:
+   which is what finds unmapped units). A small part of the hot set changes every interval
+   (``--churn``); a stub mover records the daemon's moves and the stub's nodes follow them
+   (``--dry-run``: plan the same moves every interval instead). Intervals are timed in parts:
    merging the samples into the PageState, the policy's decision, and the whole step (CPU
    time; the mean over the intervals, so that the daemon's periodic complete read counts
    at its share, and the worst interval). The same runs with a baseline revision's code
@@ -52,34 +54,50 @@ from pagetier.profiler.stub import StubProfiler  # noqa: E402
 PAGE = 4096
 
 
-def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.02) -> dict:
+def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.02,
+                    churn: float = 0.02, dry: bool = False) -> dict:
     units = size // PAGE
     hot = max(1, int(units * hot_frac))
     rng = np.random.default_rng(1)
-    addr = np.uint64(0x7F0000000000) + np.arange(units, dtype=np.uint64) * np.uint64(PAGE)
+    base = 0x7F0000000000
+    addr = np.uint64(base) + np.arange(units, dtype=np.uint64) * np.uint64(PAGE)
     node = np.where(rng.random(units) < 0.4, 0, 1).astype(np.int16)  # 80% of the budget
     hot_idx = np.sort(rng.choice(units, hot, replace=False))
+    n_churn = int(hot * churn)
+
+    class Mover:
+        """Moves nothing in the kernel; the stub's nodes follow the moves (as the kernel's)."""
+
+        def move(self, pid, addrs, to):
+            node[((np.asarray(addrs, np.uint64) - np.uint64(base)) // np.uint64(PAGE)).astype(
+                np.int64)] = to
+            return mover.MoveResult(moved=np.arange(len(addrs)))
 
     class Kstub(StubProfiler):
         """Reads as pagetier.ko's READ: the accessed units only, or every tracked unit."""
 
         def read(self, pid, reset=True, accessed_only=False):
+            nonlocal hot_idx
             self.attached[pid] += 1
-            count = rng.integers(1, 50, hot).astype(np.uint32)  # noisy counts
+            if n_churn:  # a few hot units go cold, as many others become hot
+                hot_idx[rng.choice(len(hot_idx), n_churn, replace=False)] = rng.choice(units, n_churn)
+                hot_idx = np.unique(hot_idx)
+            count = rng.integers(1, 50, len(hot_idx)).astype(np.uint32)  # noisy counts
             if accessed_only:
                 return Sample(pid=pid, addr=addr[hot_idx], count=count, node=node[hot_idx],
-                              npages=np.ones(hot, np.uint16), complete=False)
+                              npages=np.ones(len(hot_idx), np.uint16), complete=False)
             full = np.zeros(units, np.uint32)
             full[hot_idx] = count
             return Sample(pid=pid, addr=addr, count=full, node=node,
                           npages=np.ones(units, np.uint16), complete=True)
 
-    cfg = config_mod.load(None, {"policy": policy, "profiler": "stub", "dry_run": True,
+    cfg = config_mod.load(None, {"policy": policy, "profiler": "stub", "dry_run": dry,
                                  "fast_budget": size // 2, "rate": 0, "json": True})
     prof = Kstub()
     from pagetier import policies
 
     d = Daemon(cfg, pids=[1], profiler=prof, policy=policies.create(policy), numab=False,
+               mover=Mover(),
                handle_signals=False, status_path=Path("/dev/null"), out=open(os.devnull, "w"))
     d._alive = lambda pid: True
     d.attach(1)
@@ -92,6 +110,7 @@ def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.
     # the first interval creates the state: report the steady state
     mean = lambda xs: statistics.mean(xs[1:]) * 1000  # noqa: E731
     return {"size": size, "units": units, "state_b": d.state.nbytes / units,
+            "moved": d.totals["promoted"] + d.totals["demoted"],
             "merge_ms": mean(merge), "decide_ms": mean(decide), "step_ms": mean(step),
             "max_ms": max(step[1:]) * 1000}
 
@@ -108,10 +127,12 @@ def baseline_tree(rev: str) -> Path:
     return tmp
 
 
-def run_worker(tree: Path, size: int, intervals: int, policy: str, hot: float) -> dict:
+def run_worker(tree: Path, size: int, intervals: int, policy: str, hot: float, churn: float,
+               dry: bool) -> dict:
     env = dict(os.environ, PAGETIER_BENCH_ROOT=str(tree))
     out = subprocess.run([sys.executable, __file__, "--worker", str(size), str(intervals), policy,
-                          str(hot)], env=env, check=True, capture_output=True, text=True).stdout
+                          str(hot), str(churn), "1" if dry else "0"], env=env, check=True,
+                         capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -158,8 +179,9 @@ def bench_move(size: int, rounds: int) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:  # one measurement, as JSON (in a baseline's tree)
-        size, intervals, policy, hot = argv[1:5]
-        print(json.dumps(bench_intervals(int(size), int(intervals), policy, float(hot))))
+        size, intervals, policy, hot, churn, dry = argv[1:7]
+        print(json.dumps(bench_intervals(int(size), int(intervals), policy, float(hot),
+                                         float(churn), dry == "1")))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="4G,64G", help="tracked sizes (default %(default)s)")
@@ -168,6 +190,11 @@ def main(argv=None) -> int:
     ap.add_argument("--intervals", type=int, default=17,
                     help="intervals measured after the first (default %(default)s: one "
                          "complete read among them)")
+    ap.add_argument("--churn", type=float, default=0.02,
+                    help="fraction of the hot set replaced each interval (default %(default)s)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="plan without moving (the same moves are planned every interval); "
+                         "default: a stub mover records the moves, the stub's nodes follow")
     ap.add_argument("--baseline", default="main",
                     help="git revision to compare with; 'none' to skip (default %(default)s)")
     ap.add_argument("--baseline-intervals", type=int, default=3)
@@ -180,8 +207,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     tree = None if a.baseline == "none" else baseline_tree(a.baseline)
-    print(f"1. dry-run intervals, stub profiler reading as pagetier.ko, 4 KiB units, fast budget "
-          f"half, 80% used "
+    print(f"1. {'dry-run ' if a.dry_run else ''}intervals, stub profiler reading as pagetier.ko, "
+          f"4 KiB units, fast budget half, 80% used, {a.churn:.0%} of the hot set new each "
+          f"interval\n   "
           f"half (policy {a.policy}; CPU ms per interval: mean of {a.intervals}, worst)")
     if tree is not None:
         print(f"   baseline: {a.baseline} (mean of {a.baseline_intervals}); ratio = baseline / this")
@@ -192,13 +220,14 @@ def main(argv=None) -> int:
         for s in a.sizes.split(","):
             size = config_mod.parse_size(s)
             for h in (float(x) for x in a.hot.split(",")):
-                r = bench_intervals(size, a.intervals, a.policy, h)
+                r = bench_intervals(size, a.intervals, a.policy, h, a.churn, a.dry_run)
                 pct = r["step_ms"] / 1000 / (size / 2**30) * 100
                 line = (f"{s:>7} {h * 100:>3.0f}% {r['units']:>9} {r['state_b']:>6.1f} "
                         f"{r['merge_ms']:>7.1f} {r['decide_ms']:>7.1f} {r['step_ms']:>7.1f} "
                         f"{r['max_ms']:>7.1f} {pct:>9.3f} |")
                 if tree is not None and size <= config_mod.parse_size(a.baseline_max_size):
-                    b = run_worker(tree, size, a.baseline_intervals, a.policy, h)
+                    b = run_worker(tree, size, a.baseline_intervals, a.policy, h, a.churn,
+                                   a.dry_run)
                     bpct = b["step_ms"] / 1000 / (size / 2**30) * 100
                     line += (f" {b['step_ms']:>9.1f} {bpct:>9.3f} {b['state_b']:>6.1f} "
                              f"{b['step_ms'] / r['step_ms']:>5.1f}x")
