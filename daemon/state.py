@@ -102,6 +102,14 @@ def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.insert(a, p[miss], b[miss])
 
 
+def _member(sorted_arr: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Boolean: which of ``x`` are in ``sorted_arr`` (sorted)."""
+    if not len(sorted_arr):
+        return np.zeros(len(x), bool)
+    p = np.minimum(np.searchsorted(sorted_arr, x), len(sorted_arr) - 1)
+    return sorted_arr[p] == x
+
+
 def _remap_insert(idx: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """Indices ``idx`` after inserting rows before old positions ``pos`` (sorted)."""
     return idx + np.searchsorted(pos, idx, side="right")
@@ -275,8 +283,7 @@ class PageState:
         if self._cand is None or not len(idx):
             return
         c = self._cand
-        p = np.searchsorted(c, idx)
-        inside = (p < len(c)) & (c[np.minimum(p, len(c) - 1)] == idx)
+        inside = _member(c, idx)
         if (~inside).any():
             self._out -= float(stored_before[~inside].sum(dtype=np.float64))
             self._cand = union(c, idx[~inside])
@@ -294,14 +301,24 @@ class PageState:
         a = self._a
         pool = self._pools.get(node)
         if pool is not None:
-            idx, th, ti = pool
+            idx, th, ti = pool[:3]
             idx = idx[a["node"][idx] == node]
             h = a["heat"][idx]
             below = (h < th) | ((h == th) & (idx < ti))
             idx = idx[below]
             pool[0] = idx
             if th == np.inf or len(idx) >= n:
-                return idx[np.argsort(a["heat"][idx], kind="stable")], th == np.inf
+                order = pool[3]
+                if order is not None:  # still in order (members rarely warm up): no sort
+                    order = order[np.isin(order, idx, assume_unique=True)] if len(order) != len(
+                        idx) else order
+                    ho = a["heat"][order]
+                    if len(order) == len(idx) and (len(order) < 2 or bool(np.all(
+                            (ho[1:] > ho[:-1]) | ((ho[1:] == ho[:-1]) & (order[1:] > order[:-1]))))):
+                        return order, th == np.inf
+                order = idx[np.argsort(a["heat"][idx], kind="stable")]
+                pool[3] = order
+                return order, th == np.inf
         on = np.flatnonzero(a["node"] == node)
         h = a["heat"][on]
         k = max(4 * n, 65536)
@@ -315,8 +332,8 @@ class PageState:
             sel = np.concatenate([below, eq[:take]])
             sel.sort()
             th, ti = float(v), int(eq[take]) if take < len(eq) else 1 << 62
-        self._pools[node] = [sel, th, ti]
         order = sel[np.argsort(a["heat"][sel], kind="stable")]
+        self._pools[node] = [sel, th, ti, order]
         return order, th == np.inf
 
     def _pool_join(self, idx: np.ndarray) -> None:
@@ -335,10 +352,12 @@ class PageState:
             j = j[(h < th) | ((h == th) & (j < ti))]
             if len(j):
                 pool[0] = union(pool[0], j)
+                pool[3] = None
 
     def _pool_remap(self, fn) -> None:
         for pool in self._pools.values():
             pool[0] = fn(pool[0])
+            pool[3] = None
             if pool[2] < 1 << 62:
                 pool[2] = int(fn(np.array([pool[2]], np.int64))[0]) if len(
                     fn(np.array([pool[2]], np.int64))) else pool[2]
@@ -413,13 +432,16 @@ class PageState:
         if self._touched is None:
             self.touched()
 
-        if sample.complete:
-            self._forget_absent(t, keys)
+        same = self._forget_absent(t, keys) if sample.complete else None
         all_keys = self.keys()
-        pos = np.searchsorted(all_keys, keys)
-        if len(all_keys):
+        if same is not None:  # the target's units, exactly: no lookup
+            pos = same + np.arange(len(keys))
+            found = np.ones(len(keys), bool)
+        elif len(all_keys):
+            pos = np.searchsorted(all_keys, keys)
             found = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == keys)
         else:
+            pos = np.zeros(len(keys), np.int64)
             found = np.zeros(len(keys), bool)
         a = self._a
         # existing units
@@ -487,14 +509,15 @@ class PageState:
         self._account(new_idx, 1)
         self._pool_join(new_idx)
 
-    def _forget_absent(self, t: int, keys: np.ndarray) -> None:
-        """Forget target ``t``'s units whose keys are not in ``keys`` (sorted)."""
+    def _forget_absent(self, t: int, keys: np.ndarray) -> int | None:
+        """Forget target ``t``'s units whose keys are not in ``keys`` (sorted). Returns the
+        index of the target's first unit when its units are exactly ``keys``, else None."""
         k = self.keys()
         lo = int(np.searchsorted(k, np.uint64(t) << np.uint64(48)))
         hi = int(np.searchsorted(k, np.uint64(t + 1) << np.uint64(48)))
         mine = k[lo:hi]
         if len(mine) == len(keys) and np.array_equal(mine, keys):
-            return  # nothing unmapped (the usual case): one comparison
+            return lo  # nothing unmapped, nothing new (the usual case): one comparison
         if not len(keys):
             gone = np.arange(lo, hi)
         else:
@@ -502,6 +525,7 @@ class PageState:
             gone = lo + np.flatnonzero(keys[p] != mine)
         if len(gone):
             self.forget(gone)
+        return None
 
     def forget_target(self, pid: int) -> None:
         if pid in self.pids:
@@ -520,8 +544,7 @@ class PageState:
         self._account(gone, -1)
         if self._cand is not None:
             c = self._cand
-            p = np.searchsorted(c, gone)
-            inside = (p < len(c)) & (c[np.minimum(p, len(c) - 1)] == gone)
+            inside = _member(c, gone)
             self._out -= float(self._a["heat"][gone[~inside]].sum(dtype=np.float64))
             self._cand = _remap_delete(c, gone)
         if self._touched is not None:

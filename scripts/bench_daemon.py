@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     print(f"1. {'dry-run ' if a.dry_run else ''}intervals, stub profiler reading as pagetier.ko, "
           f"4 KiB units, fast budget half, 80% used, {a.churn:.0%} of the hot set new each "
           f"interval\n   "
-          f"half (policy {a.policy}; CPU ms per interval: mean of {a.intervals}, worst)")
+          f"(policy {a.policy}; CPU ms per interval: mean of {a.intervals}, worst)")
     if tree is not None:
         print(f"   baseline: {a.baseline} (mean of {a.baseline_intervals}); ratio = baseline / this")
     print(f"{'tracked':>7} {'hot':>4} {'units':>9} {'B/unit':>6} {'merge':>7} {'decide':>7} "

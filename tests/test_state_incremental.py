@@ -130,3 +130,16 @@ def test_unit_not_seen_for_long_is_still_demotable():
     d = create("heuristic").decide(st, Context(fast_budget=3, max_moves=10))
     assert list(d.demote) == [0] and list(d.promote) == [2]
     assert st.last_access[0] != NEVER and st.heat[0] < 1e-10
+
+
+def test_first_access_after_an_empty_candidate_set():
+    """Every unit cold (an empty candidate set), then one accessed: it joins the set (the
+    daemon's first intervals on a program that has not run yet)."""
+    st = PageState()
+    st.begin_interval()
+    st.update(sample([0, 4096], [0, 0], [SLOW, SLOW], complete=True))
+    assert len(st.hotter_than(1.0)[0]) == 0
+    st.begin_interval()
+    st.update(sample([4096], [50], [SLOW]))
+    st.forget(np.array([0]))
+    assert list(st.hotter_than(1.0)[0]) == [0] and st.heat[0] == 50
