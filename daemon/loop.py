@@ -2,8 +2,10 @@
 
 One interval (:meth:`Daemon.step`):
 
-1. each target's counts (``profiler.read(pid, reset=True)``) merged into the PageState as
-   rates (accesses/s over the time since the target's last read, or the profiler's own
+1. each target's counts (``profiler.read(pid, reset=True, accessed_only=...)``: the units
+   accessed since the last read, and every tracked unit at a target's first read and every
+   FULL_READ_EVERY intervals, which finds cold and unmapped units) merged into the PageState
+   as rates (accesses/s over the time since the target's last read, or the profiler's own
    frequency estimate);
 2. units of unknown node looked up with ``mover.query_nodes``;
 3. the policy's Decision, given a Context with the fast budget, the rate limit in pages and
