@@ -113,9 +113,9 @@ class Executor:
         """Ask the kernel for the node of units the profiler did not place."""
         query = getattr(self.mover, "query_nodes", None)
         st = self.state
-        unknown = np.flatnonzero(st.node < 0)
-        if query is None or not len(unknown):
+        if query is None or not st.pages_on(-1):
             return
+        unknown = np.flatnonzero(st.node < 0)
         pids = st.pid_of(unknown)
         for pid in np.unique(pids).tolist():
             sel = unknown[pids == pid]
@@ -125,4 +125,4 @@ class Executor:
                 if self.target_gone(pid, e) is False:
                     raise
                 continue  # refresh_targets drops it once it has exited
-            st.node[sel] = np.where(nodes >= 0, nodes, -1).astype(np.int8)
+            st.set_nodes(sel, np.where(nodes >= 0, nodes, -1).astype(np.int8))

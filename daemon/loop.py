@@ -2,8 +2,10 @@
 
 One interval (:meth:`Daemon.step`):
 
-1. each target's counts (``profiler.read(pid, reset=True)``) merged into the PageState as
-   rates (accesses/s over the time since the target's last read, or the profiler's own
+1. each target's counts (``profiler.read(pid, reset=True, accessed_only=...)``: the units
+   accessed since the last read, and every tracked unit at a target's first read and every
+   FULL_READ_EVERY intervals, which finds cold and unmapped units) merged into the PageState
+   as rates (accesses/s over the time since the target's last read, or the profiler's own
    frequency estimate);
 2. units of unknown node looked up with ``mover.query_nodes``;
 3. the policy's Decision, given a Context with the fast budget, the rate limit in pages and
@@ -76,6 +78,12 @@ log = logging.getLogger("pagetier.daemon")
 MIB = 1 << 20
 STUCK_RETRY = 32  # intervals before units whose move failed for good (EACCES...) are tried again
 ROOM_MARGIN = 1 * MIB  # promotions leave this much above the fast node's high watermark
+# A read lists only the units accessed since the last one (READ_ACCESSED_ONLY: the cost follows
+# the accessed set); every FULL_READ_EVERY intervals, and at a target's first read, it lists
+# every unit the profiler tracks: that read finds the units that appeared cold (their node
+# counts against the budget) and those unmapped (absent from it: forgotten; a move that finds
+# a page gone forgets it sooner).
+FULL_READ_EVERY = 16
 
 
 def create_profiler(cfg):
@@ -204,8 +212,9 @@ class Daemon:
 
     def read_target(self, pid: int) -> float:
         """Read ``pid``'s counts into the state and show them to the policy; the merge time."""
+        full = pid not in self.tracker.last_read or self.state.interval % FULL_READ_EVERY == 0
         try:
-            sample = self.profiler.read(pid, reset=True)
+            sample = self.profiler.read(pid, reset=True, accessed_only=not full)
         except (PagetierError, OSError) as e:
             if not self.tracker.alive(pid):
                 self.tracker.drop(pid)
@@ -295,12 +304,8 @@ class Daemon:
         if not cfg.dry_run:
             self._interval_moved += demoted_pages + promoted_pages
 
-        resident: dict[str, int] = {}
-        if len(st):
-            nodes, inv = np.unique(st.node, return_inverse=True)
-            pages = np.bincount(inv.ravel(), weights=st.npages.astype(np.float64))
-            resident = {(str(int(n)) if n >= 0 else "unknown"): int(p) * PAGE_SIZE
-                        for n, p in zip(nodes, pages)}
+        resident = {(str(n) if n >= 0 else "unknown"): p * PAGE_SIZE
+                    for n, p in st.resident().items()}
         fast_used_b = st.movable_on(cfg.fast_node) * PAGE_SIZE
         stats = {
             "interval": st.interval,

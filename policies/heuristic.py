@@ -71,7 +71,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagetier.core.state import NEVER
+from pagetier.core import state as core_state
+from pagetier.core.state import NEVER, union
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Decision, Policy, register
 
@@ -87,8 +88,12 @@ THROTTLED_MIN_SCALE = 1.5  # when throttled, at least this
 
 
 def unit_keys(state) -> np.ndarray:
-    """Stable identity of each unit across calls: ``(target << 48) | (addr >> 12)``."""
-    return (state.target.astype(np.uint64) << np.uint64(48)) | (state.addr >> np.uint64(12))
+    """Stable identity of each unit across calls: ``(target << 48) | (addr >> 12)``; the
+    state's own sorted keys when it keeps them."""
+    keys = getattr(state, "keys", None)
+    if keys is not None:
+        return keys()
+    return core_state.unit_keys(state.target, state.addr)
 
 
 def fill_budget(order: np.ndarray, npages: np.ndarray, cap: int) -> np.ndarray:
@@ -288,9 +293,10 @@ class Heuristic(Policy):
         self._freeze_until = None  # interval up to which recent movers stay put
         self._thrash_kept = 0.0  # moving average of the move-back fraction under the throttle
 
-    def _hot_order(self, score, cand, fast):
+    def _hot_order(self, score, cand, fast, rest: float = 0.0):
         """(units of ``cand`` above the noise floor, hottest first with ties to fast residents;
-        reference heat; floor)."""
+        reference heat; floor). ``rest``: the summed score of units left out of ``cand`` (all
+        colder than ``min_heat``); when the reference falls among them it is ``min_heat``."""
         c = self.config
         s = score[cand] * (1.0 + 1e-9 * fast[cand])
         order = cand[np.argsort(-s, kind="stable")]
@@ -298,17 +304,19 @@ class Heuristic(Policy):
         ref = 0.0
         if len(ranked):
             cum = np.cumsum(ranked)
-            k = min(int(np.searchsorted(cum, c.ref_mass * cum[-1], "left")), len(ranked) - 1)
-            ref = float(ranked[k])
+            k = int(np.searchsorted(cum, c.ref_mass * (cum[-1] + rest), "left"))
+            ref = float(ranked[k]) if k < len(ranked) else (
+                float(ranked[-1]) if rest <= 0 else min(float(ranked[-1]), c.min_heat))
         floor = max(c.min_heat, c.noise_ratio * ref)
         # ranked is non-increasing up to the 1e-9 tie-break: the hot units are a prefix
         n_hot = int(np.count_nonzero(ranked >= floor))
         return order[:n_hot], ref, floor
 
-    def _rate_phase_change(self, state, rate, known, fast, npages, cap):
+    def _rate_phase_change(self, keys_of, decay, rate, known, fast, npages, cap):
         """Whether this interval's rates alone show a new hot set (a phase change seen now,
         before decayed heat catches up): a regular history, a set of units accessed now about
-        as large as the last hot set, and little overlap with it."""
+        as large as the last hot set, and little overlap with it. ``keys_of(idx)``: the units'
+        keys."""
         c = self.config
         prev = self._prev_hot
         if prev is None or not len(prev) or not self._overlap:
@@ -320,22 +328,57 @@ class Heuristic(Policy):
             return False
         if len(acc) < 0.5 * self._prev_accessed:
             return False  # far fewer units accessed than in the last interval: no evidence
-        decay = float(getattr(state, "decay", 0.5))
         order, now_ref, _ = self._hot_order(rate / (1.0 - decay), acc, fast)
         if now_ref < 0.5 * self._prev_ref:
             return False  # not as hot as the last hot set: noise, or a read that missed it
         now_set = fill_budget(order, npages, cap)
         if int(npages[now_set].sum()) < 0.5 * self._prev_hot_pages:
             return False  # too few units accessed now (a short or partial read): no evidence
-        keys = np.sort(unit_keys(state)[now_set])
+        keys = np.sort(keys_of(now_set))
         return _jaccard_sorted(keys, prev) < c.phase_jaccard
 
+    @staticmethod
+    def _gather(state, idx, full: bool):
+        """Columns of units ``idx`` as local arrays (all units when ``full``)."""
+        if full:
+            heat = state.heat
+            rate = state.rate if "rate" in state.a.dtype.names else None
+            return (np.asarray(heat, np.float64), None if rate is None else rate.astype(np.float64),
+                    state.node, state.npages.astype(np.int64), state.last_move.astype(np.int64))
+        return (state.heat_at(idx).astype(np.float64), state.rate[idx].astype(np.float64),
+                state.node[idx], state.npages[idx].astype(np.int64),
+                state.last_move[idx].astype(np.int64))
+
     def decide(self, state, ctx: Context) -> Decision:
+        """The decision looks at candidates, not at every unit, when the state keeps them
+        (daemon/state.py: ``hotter_than``, ``touched``, ``coldest``): the units with heat at
+        least ``min_heat`` (every unit that can be above the noise floor) and those accessed
+        in this interval, plus as many of the fast node's coldest units as the exchanges can
+        demote (the rate limit, or the promotions plus what the watermark demands). The result
+        is the one ranking every unit would give; only the reference heat differs when more
+        than ``1 - ref_mass`` of all heat is in units colder than ``min_heat`` (no hot set):
+        it is then ``min_heat``."""
         c = self.config
         now = int(state.interval)
-        heat = state.heat.astype(np.float64)
-        node = state.node
-        npages = state.npages.astype(np.int64)
+        decay = float(getattr(state, "decay", 0.5))
+        incremental = c.min_heat > 0 and all(
+            hasattr(state, m) for m in ("hotter_than", "touched", "coldest", "heat_at", "keys"))
+        if incremental:
+            cand, rest = state.hotter_than(c.min_heat)
+            U = union(cand, state.touched())
+        else:
+            U, rest = np.arange(len(state)), 0.0
+        keys_all = None
+
+        def keys_of(local):
+            nonlocal keys_all
+            if incremental:
+                return state.keys(U[local])
+            if keys_all is None:
+                keys_all = unit_keys(state)
+            return keys_all[U[local]]
+
+        heat, rate, node, npages, last_move = self._gather(state, U, not incremental)
         budget = max(0, int(ctx.fast_budget))
         cap_b_low = int(budget * c.low_watermark)
         cap_b_high = int(budget * c.high_watermark)
@@ -347,29 +390,67 @@ class Heuristic(Policy):
 
         known = node >= 0
         fast = node == ctx.fast_node
-        used = int(npages[fast].sum())
-        last_move = state.last_move.astype(np.int64)
-        moved_ever = last_move != NEVER
-        recent = moved_ever & (now - last_move < c.min_residency)
-        within = moved_ever & (now - last_move <= c.thrash_window)
+        used = state.pages_on(ctx.fast_node) if incremental else int(npages[fast].sum())
 
         # 0. a phase change seen in this interval's rates: rank by them, not by decayed heat
         score = heat
-        rate = state.rate.astype(np.float64) if "rate" in state.a.dtype.names else None
         seen_now = False
-        if rate is not None and self._rate_phase_change(state, rate, known, fast, npages, cap_low):
-            decay = float(getattr(state, "decay", 0.5))
+        if rate is not None and self._rate_phase_change(keys_of, decay, rate, known, fast, npages,
+                                                        cap_low):
             score = rate / (1.0 - decay) + 1e-6 * heat  # a steady rate's heat; heat breaks ties
+            rest *= 1e-6
             seen_now = True
 
         # 1. the hot set: units above the noise floor, hottest first, fitting cap_low
-        order, ref, floor = self._hot_order(score, np.flatnonzero(known & (score > 0)), fast)
+        order, ref, floor = self._hot_order(score, np.flatnonzero(known & (score > 0)), fast, rest)
         hot_pages = int(npages[order].sum())
         desired = fill_budget(order, npages, cap_low)
-        in_set = np.zeros(len(state), bool)
+        must = used - cap_b_low if used > cap_b_high else 0
+        max_moves = max(0, int(ctx.max_moves))
+
+        if incremental:
+            # the fast node's coldest units: enough that the exchanges never reach past them
+            hot_ids = U[desired]
+            promo_pages = int(npages[desired][~fast[desired]].sum())
+            need = min(max_moves, must + promo_pages) + 1
+            n = need + 64
+            while True:
+                pool, complete = state.coldest(ctx.fast_node, n)
+                lm = state.last_move[pool].astype(np.int64)
+                within_p = (lm != NEVER) & (now - lm <= c.thrash_window)
+                hs = np.sort(hot_ids)
+                hp = np.minimum(np.searchsorted(hs, pool), max(0, len(hs) - 1))
+                free = ~within_p & ~((hs[hp] == pool) if len(hs) else np.zeros(len(pool), bool))
+                if seen_now:
+                    free &= state.rate[pool] <= 0
+                if complete or int(state.npages[pool][free].sum(dtype=np.int64)) >= need:
+                    break
+                n *= 4
+            if len(pool):
+                old = U
+                U = union(U, pool)
+                remap = np.searchsorted(U, old)
+                order, desired = remap[order], remap[desired]
+                heat, rate, node, npages, last_move = self._gather(state, U, False)
+                known = node >= 0
+                fast = node == ctx.fast_node
+                score = heat if not seen_now else rate / (1.0 - decay) + 1e-6 * heat
+            pool_local = np.searchsorted(U, pool)
+            if complete:
+                fast_idx = np.flatnonzero(fast)
+                fast_idx = fast_idx[np.argsort(score[fast_idx], kind="stable")]  # coldest first
+            else:
+                fast_idx = pool_local[np.argsort(score[pool_local], kind="stable")]
+        else:
+            fast_idx = np.flatnonzero(fast)
+            fast_idx = fast_idx[np.argsort(score[fast_idx], kind="stable")]  # coldest first
+
+        moved_ever = last_move != NEVER
+        recent = moved_ever & (now - last_move < c.min_residency)
+        within = moved_ever & (now - last_move <= c.thrash_window)
+        in_set = np.zeros(len(U), bool)
         in_set[desired] = True
         threshold = float(score[desired].min()) if len(desired) else None
-        must = used - cap_b_low if used > cap_b_high else 0
         gap = c.gap_ratio * ref
         # a promotion that evicts a resident must be hot, not merely warm: at least
         # exchange_ratio times the hot set's median heat
@@ -381,9 +462,6 @@ class Heuristic(Policy):
             self._throttle_until = None
         if self._freeze_until is not None and now > self._freeze_until:
             self._freeze_until = None
-
-        fast_idx = np.flatnonzero(fast)
-        fast_idx = fast_idx[np.argsort(score[fast_idx], kind="stable")]  # coldest first
 
         def plan(throttle: bool, max_moves: int, freeze: bool = False):
             # throttled: an exchange only for a clearly hotter unit (thrash_margin);
@@ -408,14 +486,13 @@ class Heuristic(Policy):
             pages = int(npages[p].sum()) + int(npages[d].sum())
             return p, d, promo, pages, int(npages[back].sum())
 
-        max_moves = max(0, int(ctx.max_moves))
         free_room = max(0, cap_high - used)
         throttled_max = min(max_moves, max(int(max_moves * c.throttle_scale), free_room))
         reasons = []
         if oversubscribed:
             reasons.append("oversubscribed")
         # 6. access pattern from hot-set overlap (before the plan: a phase change is acted on)
-        keys = np.sort(unit_keys(state)[desired])
+        keys = np.sort(keys_of(desired))
         pattern, jaccard, change = self._classify(keys)
         if seen_now and not change:
             change = True
@@ -490,8 +567,9 @@ class Heuristic(Policy):
             "exchange": bool(promoted and demoted and not must),
             "move_back_pages": backs,
             "thrash": round(self._thrash, 4),
+            "candidates": int(len(U)),
         }
-        return Decision(promote=p, demote=d, stats=stats)
+        return Decision(promote=U[p].astype(np.int64), demote=U[d].astype(np.int64), stats=stats)
 
     def _classify(self, keys: np.ndarray) -> tuple[str, float | None, bool]:
         """Update the overlap history with this hot set; return (pattern, jaccard, change)."""

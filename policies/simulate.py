@@ -67,7 +67,7 @@ import numpy as np
 from pagetier.core import planner
 from pagetier.core.planner import rate_pages
 from pagetier.core.sample import Sample
-from pagetier.core.state import NEVER, PageState, _keys
+from pagetier.core.state import NEVER, PageState, unit_keys
 from pagetier.core.units import PAGE_SIZE, parse_size
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Policy, create
@@ -219,11 +219,11 @@ def _placed(st: PageState, sample: Sample, placement: str, capacity: int) -> Sam
     """``sample`` with each unit's node set to where the simulator has it."""
     t = st.target_index(int(sample.pid))
     addr = np.asarray(sample.addr, np.uint64)
-    keys = _keys(t, addr)
+    keys = unit_keys(t, addr)
     node = np.full(len(addr), SLOW, np.int16)
     found = np.zeros(len(addr), bool)
     if len(st):
-        all_keys = _keys(st.target, st.addr)
+        all_keys = st.keys()
         pos = np.minimum(np.searchsorted(all_keys, keys), len(all_keys) - 1)
         found = all_keys[pos] == keys
         node[found] = st.node[pos[found]]

@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
 """Benchmarks of the daemon's own costs.
 
-1. Interval bookkeeping and decision time against the tracked size: a stub profiler reports
-   64 MiB .. 4 GiB of 4 KiB units (16K .. 1M units, a quarter of them hot); one dry-run
-   interval of the Daemon is timed in parts: merging the sample into the PageState, the
-   policy's decision, and the whole step (CPU time, median of several intervals; the step
-   includes the stub generating its sample, which a real profiler does in the kernel).
+1. Interval cost against the tracked size: a stub profiler tracks 4 GiB .. 64 GiB of 4 KiB
+   units (1M .. 16M units), a ``--hot`` fraction of them accessed every interval (1% and 5%
+   by default) with noisy rates. Like pagetier.ko's READ, it lists only the accessed units
+   when asked for them (READ_ACCESSED_ONLY) and every tracked unit otherwise (a complete read,
+   which is what finds unmapped units). A small part of the hot set changes every interval
+   (``--churn``); a stub mover records the daemon's moves and the stub's nodes follow them
+   (``--dry-run``: plan the same moves every interval instead). Intervals are timed in parts:
+   merging the samples into the PageState, the policy's decision, and the whole step (CPU
+   time; the mean over the intervals, so that the daemon's periodic complete read counts
+   at its share, and the worst interval). The same runs with a baseline revision's code
+   (``--baseline``, default main: exported with git archive and run in a child process), side
+   by side, as ratios. "%core/GiB" is the step's CPU per interval over a 1 s interval, per
+   GiB tracked; "B/unit" the state's bytes per tracked unit.
 2. move_pages throughput of pagetier.core.mover against a plain batched numa_move_pages loop
    over the same pages (pages/s and the ratio). With one node (the host) both "move" to node 0
    (the kernel checks each page and finds it in place); with two (the VM) each round moves the
    pages to the other node.
 
 Usage:
-  .venv/bin/python scripts/bench_daemon.py [--sizes 64M,256M,1G,4G] [--intervals 5]
+  .venv/bin/python scripts/bench_daemon.py [--sizes 4G,64G] [--hot 0.01,0.05] [--intervals 17]
+                                           [--baseline main] [--baseline-intervals 3]
                                            [--move-size 64M] [--rounds 6] [--policy heuristic]
   scripts/vm -- .venv/bin/python scripts/bench_daemon.py --sizes 64M --move-size 256M
 """
@@ -20,45 +29,76 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import mmap
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+# --worker runs inside a baseline's exported tree: import that tree's pagetier
+sys.path.insert(0, os.environ.get("PAGETIER_BENCH_ROOT", str(ROOT)))
 
 from pagetier.daemon import config as config_mod  # noqa: E402
 from pagetier.core import mover  # noqa: E402
 from pagetier.daemon.loop import Daemon  # noqa: E402
+from pagetier.profiler.base import Sample  # noqa: E402
 from pagetier.profiler.stub import StubProfiler  # noqa: E402
 
 PAGE = 4096
 
 
-def bench_intervals(size: int, intervals: int, policy: str) -> dict:
+def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.02,
+                    churn: float = 0.02, dry: bool = False) -> dict:
     units = size // PAGE
-    hot = units // 4
+    hot = max(1, int(units * hot_frac))
     rng = np.random.default_rng(1)
-    addr = np.uint64(0x7F0000000000) + np.arange(units, dtype=np.uint64) * np.uint64(PAGE)
-    node = np.where(rng.random(units) < 0.5, 0, 1).astype(np.int16)
+    base = 0x7F0000000000
+    addr = np.uint64(base) + np.arange(units, dtype=np.uint64) * np.uint64(PAGE)
+    node = np.where(rng.random(units) < 0.4, 0, 1).astype(np.int16)  # 80% of the budget
+    hot_idx = np.sort(rng.choice(units, hot, replace=False))
+    n_churn = int(hot * churn)
 
-    def source(pid, i):
-        count = np.zeros(units, np.uint32)
-        count[:hot] = rng.integers(1, 50, hot)  # the hot quarter, noisy counts
-        return (addr, count, node, 1)
+    class Mover:
+        """Moves nothing in the kernel; the stub's nodes follow the moves (as the kernel's)."""
 
-    cfg = config_mod.load(None, {"policy": policy, "profiler": "stub", "dry_run": True,
+        def move(self, pid, addrs, to):
+            node[((np.asarray(addrs, np.uint64) - np.uint64(base)) // np.uint64(PAGE)).astype(
+                np.int64)] = to
+            return mover.MoveResult(moved=np.arange(len(addrs)))
+
+    class Kstub(StubProfiler):
+        """Reads as pagetier.ko's READ: the accessed units only, or every tracked unit."""
+
+        def read(self, pid, reset=True, accessed_only=False):
+            nonlocal hot_idx
+            self.attached[pid] += 1
+            if n_churn:  # a few hot units go cold, as many others become hot
+                hot_idx[rng.choice(len(hot_idx), n_churn, replace=False)] = rng.choice(units, n_churn)
+                hot_idx = np.unique(hot_idx)
+            count = rng.integers(1, 50, len(hot_idx)).astype(np.uint32)  # noisy counts
+            if accessed_only:
+                return Sample(pid=pid, addr=addr[hot_idx], count=count, node=node[hot_idx],
+                              npages=np.ones(len(hot_idx), np.uint16), complete=False)
+            full = np.zeros(units, np.uint32)
+            full[hot_idx] = count
+            return Sample(pid=pid, addr=addr, count=full, node=node,
+                          npages=np.ones(units, np.uint16), complete=True)
+
+    cfg = config_mod.load(None, {"policy": policy, "profiler": "stub", "dry_run": dry,
                                  "fast_budget": size // 2, "rate": 0, "json": True})
     cfg.handle_signals, cfg.status_file = False, "/dev/null"
-    prof = StubProfiler(source=source)
+    prof = Kstub()
     from pagetier import policies
 
     d = Daemon(cfg, pids=[1], profiler=prof, policy=policies.create(policy), numab=False,
-               out=open(os.devnull, "w"))
+               mover=Mover(), out=open(os.devnull, "w"))
     d.tracker.alive = lambda pid: True
     d.tracker.attach(1)
     merge, decide, step = [], [], []
@@ -68,9 +108,32 @@ def bench_intervals(size: int, intervals: int, policy: str) -> dict:
         decide.append(stats["decide_s"])
         step.append(stats["cpu_s"])
     # the first interval creates the state: report the steady state
-    med = lambda xs: statistics.median(xs[1:]) * 1000  # noqa: E731
-    return {"size": size, "units": units, "state_mib": d.state.nbytes / 2**20,
-            "merge_ms": med(merge), "decide_ms": med(decide), "step_ms": med(step)}
+    mean = lambda xs: statistics.mean(xs[1:]) * 1000  # noqa: E731
+    return {"size": size, "units": units, "state_b": d.state.nbytes / units,
+            "moved": d.totals["promoted"] + d.totals["demoted"],
+            "merge_ms": mean(merge), "decide_ms": mean(decide), "step_ms": mean(step),
+            "max_ms": max(step[1:]) * 1000}
+
+
+def baseline_tree(rev: str) -> Path:
+    """``rev``'s pagetier exported into a temporary tree laid out as the installed package."""
+    tmp = Path(tempfile.mkdtemp(prefix="pagetier-baseline-"))
+    pkg = tmp / "pagetier"
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "pagetier", "daemon",
+                              "profiler", "policies", "kmod/include"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+    for sub in ("daemon", "profiler", "policies"):
+        (tmp / sub).rename(pkg / sub)
+    return tmp
+
+
+def run_worker(tree: Path, size: int, intervals: int, policy: str, hot: float, churn: float,
+               dry: bool) -> dict:
+    env = dict(os.environ, PAGETIER_BENCH_ROOT=str(tree))
+    out = subprocess.run([sys.executable, __file__, "--worker", str(size), str(intervals), policy,
+                          str(hot), str(churn), "1" if dry else "0"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def raw_loop(addrs: np.ndarray, node: int, batch: int = mover.BATCH) -> int:
@@ -114,22 +177,64 @@ def bench_move(size: int, rounds: int) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:  # one measurement, as JSON (in a baseline's tree)
+        size, intervals, policy, hot, churn, dry = argv[1:7]
+        print(json.dumps(bench_intervals(int(size), int(intervals), policy, float(hot),
+                                         float(churn), dry == "1")))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="64M,256M,1G,4G", help="tracked sizes (default %(default)s)")
-    ap.add_argument("--intervals", type=int, default=5)
+    ap.add_argument("--sizes", default="4G,64G", help="tracked sizes (default %(default)s)")
+    ap.add_argument("--hot", default="0.01,0.05",
+                    help="fractions of the units accessed each interval (default %(default)s)")
+    ap.add_argument("--intervals", type=int, default=17,
+                    help="intervals measured after the first (default %(default)s: one "
+                         "complete read among them)")
+    ap.add_argument("--churn", type=float, default=0.02,
+                    help="fraction of the hot set replaced each interval (default %(default)s)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="plan without moving (the same moves are planned every interval); "
+                         "default: a stub mover records the moves, the stub's nodes follow")
+    ap.add_argument("--baseline", default="main",
+                    help="git revision to compare with; 'none' to skip (default %(default)s)")
+    ap.add_argument("--baseline-intervals", type=int, default=3)
+    ap.add_argument("--baseline-max-size", default="64G",
+                    help="skip the baseline above this size (default %(default)s)")
     ap.add_argument("--policy", default="heuristic")
     ap.add_argument("--move-size", default="64M")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--skip-move", action="store_true")
     a = ap.parse_args(argv)
 
-    print("1. one dry-run interval, stub profiler, 4 KiB units, 1/4 hot "
-          f"(policy {a.policy}, CPU ms, median of {a.intervals})")
-    print(f"{'tracked':>8} {'units':>8} {'state':>8} {'merge':>8} {'decide':>8} {'step':>8}")
-    for s in a.sizes.split(","):
-        r = bench_intervals(config_mod.parse_size(s), a.intervals, a.policy)
-        print(f"{s:>8} {r['units']:>8} {r['state_mib']:>6.1f}M {r['merge_ms']:>8.1f} "
-              f"{r['decide_ms']:>8.1f} {r['step_ms']:>8.1f}")
+    tree = None if a.baseline == "none" else baseline_tree(a.baseline)
+    print(f"1. {'dry-run ' if a.dry_run else ''}intervals, stub profiler reading as pagetier.ko, "
+          f"4 KiB units, fast budget half, 80% used, {a.churn:.0%} of the hot set new each "
+          f"interval\n   "
+          f"(policy {a.policy}; CPU ms per interval: mean of {a.intervals}, worst)")
+    if tree is not None:
+        print(f"   baseline: {a.baseline} (mean of {a.baseline_intervals}); ratio = baseline / this")
+    print(f"{'tracked':>7} {'hot':>4} {'units':>9} {'B/unit':>6} {'merge':>7} {'decide':>7} "
+          f"{'step':>7} {'worst':>7} {'%core/GiB':>9} | {'base step':>9} {'%core/GiB':>9} "
+          f"{'B/unit':>6} {'ratio':>6}")
+    try:
+        for s in a.sizes.split(","):
+            size = config_mod.parse_size(s)
+            for h in (float(x) for x in a.hot.split(",")):
+                r = bench_intervals(size, a.intervals, a.policy, h, a.churn, a.dry_run)
+                pct = r["step_ms"] / 1000 / (size / 2**30) * 100
+                line = (f"{s:>7} {h * 100:>3.0f}% {r['units']:>9} {r['state_b']:>6.1f} "
+                        f"{r['merge_ms']:>7.1f} {r['decide_ms']:>7.1f} {r['step_ms']:>7.1f} "
+                        f"{r['max_ms']:>7.1f} {pct:>9.3f} |")
+                if tree is not None and size <= config_mod.parse_size(a.baseline_max_size):
+                    b = run_worker(tree, size, a.baseline_intervals, a.policy, h, a.churn,
+                                   a.dry_run)
+                    bpct = b["step_ms"] / 1000 / (size / 2**30) * 100
+                    line += (f" {b['step_ms']:>9.1f} {bpct:>9.3f} {b['state_b']:>6.1f} "
+                             f"{b['step_ms'] / r['step_ms']:>5.1f}x")
+                print(line, flush=True)
+    finally:
+        if tree is not None:
+            subprocess.run(["rm", "-rf", str(tree)], check=False)
     if a.skip_move:
         return 0
     m = bench_move(config_mod.parse_size(a.move_size), a.rounds)

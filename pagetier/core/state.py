@@ -1,4 +1,5 @@
-"""Per-page state the daemon keeps, as numpy arrays (36 bytes per tracked unit).
+"""Per-page state the daemon keeps, as numpy arrays (36 bytes per tracked unit, plus 8 for a
+sorted key index).
 
 A unit is a 4 KiB page or a 2 MiB huge mapping (npages 512). Units are kept sorted by
 ``key = (target << 48) | (addr >> 12)`` so that merging an interval's sample is a
@@ -20,6 +21,32 @@ the interval's count over its length, which is about one per scan and so close t
 A read that covers only part of an interval (the sentinel policy reads at layer boundaries)
 adds its rate weighted by the part of the interval it covers, so that several reads in one
 interval add up to the interval's rate.
+
+Cost per interval: what the interval's samples hold, not what is tracked.
+
+- Decay is lazy. The ``heat`` column stores heat divided by a global scale ``G`` (``decay``
+  to the power of the intervals since the last renormalisation): one interval's decay is
+  ``G *= decay``, adding a rate r adds ``r / G``, and :attr:`heat` reads ``stored * G``.
+  Units keep their order under decay, so ranking stored values ranks heat. When G falls
+  below 2**-64 the column is multiplied by G once and G is 1 again (every 64 intervals with
+  decay 0.5). With decay 0 a unit's heat is its rate: the units touched in the last interval
+  are zeroed, as their rate and count are.
+- ``rate`` and ``count`` are cleared for the units the last interval touched only (their
+  indices are kept; the rest are already 0).
+- A sample is merged by looking up its keys in the sorted key index (``searchsorted``: the
+  accessed units of an accessed-only read, O(accessed log tracked)). New units are inserted
+  in place (one copy of the arrays when a sample brings new units). A *complete* sample (every
+  unit the profiler tracks) also forgets the target's units it lacks (unmapped): that costs
+  the target's units, and a reader takes complete samples only now and then (daemon/loop.py).
+- Pages per node (and the unmovable ones) are counted as units are added, moved, re-noded
+  and forgotten: :meth:`pages_on` is O(1).
+- :meth:`hotter_than` gives the candidates a policy ranks (heat at least x) from a kept set,
+  pruned as heat decays, with the heat of the rest as one sum; :meth:`coldest` the coldest
+  units of a node, the victims of an exchange.
+
+Assigning ``state.a`` (tests, the simulator) drops all of that and it is rebuilt on demand;
+columns written in place through ``state.a[...]`` must keep ``heat`` in stored units (equal to
+heat while G is 1, as in a new state).
 """
 from __future__ import annotations
 
@@ -37,7 +64,7 @@ F_UNMOVABLE = 4  # a move failed for good and none has succeeded since: outside 
 DTYPE = np.dtype(
     [
         ("addr", np.uint64),  # start address of the unit
-        ("heat", np.float32),  # decayed sum of rates (see above)
+        ("heat", np.float32),  # decayed sum of rates, divided by the global scale (see above)
         ("rate", np.float32),  # accesses/s in the current interval
         ("count", np.uint32),  # accesses in the last interval
         ("last_access", np.int32),  # interval of the last access, NEVER if none
@@ -51,34 +78,113 @@ DTYPE = np.dtype(
 )
 assert DTYPE.itemsize == 36
 
+MIN_SCALE = 2.0 ** -64  # renormalise heat when the global scale falls below this
+_NODES = 129  # node -1 (unknown) .. 127, counted at node + 1
 
-def _keys(target: int | np.ndarray, addr: np.ndarray) -> np.ndarray:
+
+def unit_keys(target: int | np.ndarray, addr: np.ndarray) -> np.ndarray:
+    """A unit's identity across intervals: ``(target << 48) | (addr >> 12)``."""
     return (np.asarray(target, np.uint64) << np.uint64(48)) | (addr >> np.uint64(12))
 
 
+def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted unique union of two sorted unique index arrays: ``b``'s elements missing from
+    ``a`` inserted in place (O(len(a) + len(b) log len(a)), no sort, no hash)."""
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    if not len(b):
+        return a
+    if not len(a):
+        return b
+    p = np.searchsorted(a, b)
+    miss = (p >= len(a)) | (a[np.minimum(p, len(a) - 1)] != b)
+    if not miss.any():
+        return a
+    return np.insert(a, p[miss], b[miss])
+
+
+def _member(sorted_arr: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Boolean: which of ``x`` are in ``sorted_arr`` (sorted)."""
+    if not len(sorted_arr):
+        return np.zeros(len(x), bool)
+    p = np.minimum(np.searchsorted(sorted_arr, x), len(sorted_arr) - 1)
+    return sorted_arr[p] == x
+
+
+def _remap_insert(idx: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Indices ``idx`` after inserting rows before old positions ``pos`` (sorted)."""
+    return idx + np.searchsorted(pos, idx, side="right")
+
+
+def _remap_delete(idx: np.ndarray, gone: np.ndarray) -> np.ndarray:
+    """Indices ``idx`` after deleting rows ``gone`` (sorted unique); deleted ones dropped."""
+    if not len(gone) or not len(idx):
+        return idx
+    p = np.searchsorted(gone, idx)
+    hit = (p < len(gone)) & (gone[np.minimum(p, len(gone) - 1)] == idx)
+    return (idx - p)[~hit]
+
+
 class PageState:
-    """Sorted structured array of units; columns are exposed as attributes (views)."""
+    """Sorted structured array of units; columns are exposed as attributes (views; ``heat`` is
+    computed: see the module's docstring)."""
 
     def __init__(self, decay: float = 0.5):
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         self.decay = decay
-        self.a = np.zeros(0, DTYPE)
         self.pids: list[int] = []  # target index -> pid (-1: a free slot, reused)
         self.interval = 0
+        self.scale = 1.0  # heat = stored heat * scale
+        self.a = np.zeros(0, DTYPE)
+
+    # ------------------------------------------------------------------ storage
+    @property
+    def a(self) -> np.ndarray:
+        return self._a
+
+    @a.setter
+    def a(self, value: np.ndarray) -> None:
+        """A new array (tests, the simulator): the derived structures are rebuilt on demand."""
+        self._a = value
+        self._k = None  # sorted keys, or None
+        self._touched = None  # sorted indices merged in this interval; None: unknown
+        self._node_pages = None  # pages per node + 1, and the unmovable ones, or None
+        self._unmov_pages = None
+        self._cand = None  # sorted indices: every other unit's heat is below _cand_floor
+        self._cand_floor = 0.0
+        self._out = 0.0  # the stored heat of the units outside _cand
+        # node -> [sorted indices, T heat, T index]: every other unit on the node has
+        # (stored heat, index) >= (T heat, T index) (heat only grows between decays)
+        self._pools: dict[int, list] = {}
 
     def __len__(self) -> int:
-        return len(self.a)
+        return len(self._a)
 
     def __getattr__(self, col):
-        # columns as views: state.heat, state.node, ...
+        # columns as views: state.node, state.rate, ...; heat is computed
+        if col == "heat":
+            return self.heat_at(None)
         if col in DTYPE.names:
-            return self.__dict__["a"][col]
+            return self.__dict__["_a"][col]
         raise AttributeError(col)
 
     @property
     def nbytes(self) -> int:
-        return self.a.nbytes
+        return self._a.nbytes + (self._k.nbytes if self._k is not None else 0)
+
+    def heat_at(self, idx: np.ndarray | None) -> np.ndarray:
+        """Heat (float32) of units ``idx`` (all when None)."""
+        h = self._a["heat"] if idx is None else self._a["heat"][idx]
+        if self.scale == 1.0:
+            return h.copy() if idx is None else h
+        return (h * np.float32(self.scale)).astype(np.float32, copy=False)
+
+    def keys(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """The sorted key of each unit (of ``idx``): ``(target << 48) | (addr >> 12)``."""
+        if self._k is None or len(self._k) != len(self._a):
+            self._k = unit_keys(self._a["target"], self._a["addr"])
+        return self._k if idx is None else self._k[idx]
 
     def target_index(self, pid: int) -> int:
         if pid not in self.pids:
@@ -88,12 +194,203 @@ class PageState:
                 self.pids.append(pid)
         return self.pids.index(pid)
 
+    # ------------------------------------------------------------------ counters
+    def _counts(self):
+        if self._node_pages is None:
+            a = self._a
+            nd = a["node"].astype(np.int64) + 1
+            w = a["npages"].astype(np.int64)
+            self._node_pages = np.bincount(nd, weights=w, minlength=_NODES).astype(np.int64)
+            um = (a["flags"] & F_UNMOVABLE) != 0
+            self._unmov_pages = np.bincount(nd[um], weights=w[um], minlength=_NODES).astype(np.int64)
+        return self._node_pages, self._unmov_pages
+
+    def _account(self, idx: np.ndarray, sign: int) -> None:
+        """Add (sign 1) or take off (-1) units ``idx`` in the per-node counters."""
+        if self._node_pages is None or not len(idx):
+            return
+        a = self._a
+        nd = a["node"][idx].astype(np.int64) + 1
+        w = a["npages"][idx].astype(np.int64) * sign
+        np.add.at(self._node_pages, nd, w)
+        um = (a["flags"][idx] & F_UNMOVABLE) != 0
+        if um.any():
+            np.add.at(self._unmov_pages, nd[um], w[um])
+
+    def pages_on(self, node: int) -> int:
+        """4 KiB pages tracked on ``node``."""
+        if not -1 <= node < _NODES - 1:
+            return 0
+        return int(self._counts()[0][node + 1])
+
+    def unmovable_on(self, node: int) -> int:
+        """4 KiB pages on ``node`` the kernel refused to move (shared with other processes:
+        library text, memory of a forked parent) and has not moved since."""
+        if not -1 <= node < _NODES - 1:
+            return 0
+        return int(self._counts()[1][node + 1])
+
+    def movable_on(self, node: int) -> int:
+        """4 KiB pages on ``node`` that count against a budget: all but :meth:`unmovable_on`."""
+        return self.pages_on(node) - self.unmovable_on(node)
+
+    def resident(self) -> dict[int, int]:
+        """4 KiB pages per node (-1: unknown), the nodes holding any."""
+        np_ = self._counts()[0]
+        return {int(i) - 1: int(np_[i]) for i in np.flatnonzero(np_)}
+
+    def set_nodes(self, idx: np.ndarray, node: np.ndarray | int) -> None:
+        """Record that units ``idx`` are on ``node`` (e.g. looked up with move_pages)."""
+        idx = np.asarray(idx, np.int64)
+        self._account(idx, -1)
+        self._a["node"][idx] = node
+        self._account(idx, 1)
+        self._pool_join(np.unique(idx))
+
+    # ------------------------------------------------------------------ candidates
+    def touched(self) -> np.ndarray:
+        """Units merged with an access in this interval (sorted indices)."""
+        if self._touched is None:
+            a = self._a
+            self._touched = np.flatnonzero((a["count"] > 0) | (a["rate"] > 0))
+        return self._touched
+
+    def hotter_than(self, x: float) -> tuple[np.ndarray, float]:
+        """(sorted indices of the units with heat >= ``x``, the heat of all the others summed).
+
+        Kept between calls: units touched since are added, units decayed below ``x`` pruned
+        (their heat joins the sum). A unit outside the set only cools, so the set stays
+        complete; a lower ``x`` than the last one asked rebuilds it from every unit."""
+        x = float(x)
+        s = np.float32(self.scale)
+        if self._cand is None or x < self._cand_floor:
+            st = self._a["heat"]
+            keep = st * s >= x
+            self._cand = np.flatnonzero(keep)
+            self._out = float(st[~keep].sum(dtype=np.float64))
+            self._cand_floor = x
+        else:
+            h = self._a["heat"][self._cand]
+            keep = h * s >= x
+            if not keep.all():
+                self._out += float(h[~keep].sum(dtype=np.float64))
+                self._cand = self._cand[keep]
+            self._cand_floor = x
+        return self._cand, max(0.0, self._out) * self.scale
+
+    def _join_candidates(self, idx: np.ndarray, stored_before: np.ndarray) -> None:
+        """Units ``idx`` (sorted unique) got heat: into the candidate set, their stored heat
+        before (``stored_before``) off the sum of the rest."""
+        if self._cand is None or not len(idx):
+            return
+        c = self._cand
+        inside = _member(c, idx)
+        if (~inside).any():
+            self._out -= float(stored_before[~inside].sum(dtype=np.float64))
+            self._cand = union(c, idx[~inside])
+
+    def coldest(self, node: int, n: int) -> tuple[np.ndarray, bool]:
+        """(units on ``node``, coldest first (heat, then index), at least ``n`` of them or all;
+        whether that is all of them). A true prefix of the node's units in that order.
+
+        Kept between calls: a pool of the node's coldest units and the key (heat, index) of
+        the first unit outside it. Units outside only get hotter (a touched unit's heat
+        grows), units that join the node colder than that key join the pool, so the pool's
+        members below the key stay the node's coldest; it is rebuilt (one pass over the
+        units) when fewer than ``n`` are left."""
+        n = max(0, int(n))
+        a = self._a
+        pool = self._pools.get(node)
+        if pool is not None:
+            idx, th, ti = pool[:3]
+            idx = idx[a["node"][idx] == node]
+            h = a["heat"][idx]
+            below = (h < th) | ((h == th) & (idx < ti))
+            idx = idx[below]
+            pool[0] = idx
+            if th == np.inf or len(idx) >= n:
+                order = pool[3]
+                if order is not None:  # still in order (members rarely warm up): no sort
+                    order = order[np.isin(order, idx, assume_unique=True)] if len(order) != len(
+                        idx) else order
+                    ho = a["heat"][order]
+                    if len(order) == len(idx) and (len(order) < 2 or bool(np.all(
+                            (ho[1:] > ho[:-1]) | ((ho[1:] == ho[:-1]) & (order[1:] > order[:-1]))))):
+                        return order, th == np.inf
+                order = idx[np.argsort(a["heat"][idx], kind="stable")]
+                pool[3] = order
+                return order, th == np.inf
+        on = np.flatnonzero(a["node"] == node)
+        h = a["heat"][on]
+        k = max(4 * n, 65536)
+        if k >= len(on):
+            sel, th, ti = on, np.inf, 0
+        else:
+            v = np.partition(h, k)[k]
+            below = on[h < v]
+            eq = on[h == v]
+            take = k - len(below)
+            sel = np.concatenate([below, eq[:take]])
+            sel.sort()
+            th, ti = float(v), int(eq[take]) if take < len(eq) else 1 << 62
+        order = sel[np.argsort(a["heat"][sel], kind="stable")]
+        self._pools[node] = [sel, th, ti, order]
+        return order, th == np.inf
+
+    def _pool_join(self, idx: np.ndarray) -> None:
+        """Units ``idx`` (sorted unique) have a new node or are new: into that node's pool when
+        colder than its key."""
+        if not self._pools or not len(idx):
+            return
+        a = self._a
+        nd = a["node"][idx]
+        for node, pool in self._pools.items():
+            j = idx[nd == node]
+            if not len(j):
+                continue
+            h = a["heat"][j]
+            th, ti = pool[1], pool[2]
+            j = j[(h < th) | ((h == th) & (j < ti))]
+            if len(j):
+                pool[0] = union(pool[0], j)
+                pool[3] = None
+
+    def _pool_remap(self, fn) -> None:
+        for pool in self._pools.values():
+            pool[0] = fn(pool[0])
+            pool[3] = None
+            if pool[2] < 1 << 62:
+                pool[2] = int(fn(np.array([pool[2]], np.int64))[0]) if len(
+                    fn(np.array([pool[2]], np.int64))) else pool[2]
+
+    # ------------------------------------------------------------------ intervals
     def begin_interval(self) -> None:
         """Decay heat and clear last-interval counts once per interval, before updates."""
         self.interval += 1
-        self.a["heat"] *= np.float32(self.decay)
-        self.a["count"] = 0
-        self.a["rate"] = 0
+        a = self._a
+        t = self._touched
+        if self.decay == 0.0:  # heat is this interval's rate: clear the last one's
+            self._pools = {}
+            if t is None:
+                a["heat"] = 0
+            else:
+                if self._cand is not None:
+                    self._out = 0.0
+                a["heat"][t] = 0
+        else:
+            self.scale *= self.decay
+            if self.scale < MIN_SCALE:
+                self._pools = {}
+                a["heat"] *= np.float32(self.scale)
+                self._out *= self.scale
+                self.scale = 1.0
+        if t is None:
+            a["count"] = 0
+            a["rate"] = 0
+        else:
+            a["count"][t] = 0
+            a["rate"][t] = 0
+        self._touched = np.zeros(0, np.int64)
 
     def update(self, sample: Sample, trust_moves: int = 0, interval_s: float = 1.0,
                elapsed_s: float | None = None, max_count: int | None = None) -> None:
@@ -110,42 +407,72 @@ class PageState:
         A profiler observes nodes when it scans, which may be before the daemon's last move:
         for units moved within the last ``trust_moves`` intervals the node the daemon recorded
         is kept over the sample's.
+
+        A complete sample (``sample.complete``) lists every unit of the target: the target's
+        units it lacks are unmapped, and forgotten.
         """
         t = self.target_index(sample.pid)
-        order = np.argsort(sample.addr, kind="stable")
-        addr = sample.addr[order].astype(np.uint64)
-        count = sample.count[order]
+        addr = sample.addr.astype(np.uint64, copy=False)
+        if len(addr) > 1 and not (addr[1:] > addr[:-1]).all():
+            order = np.argsort(addr, kind="stable")
+        else:
+            order = None
+        pick = (lambda x: x) if order is None else (lambda x: x[order])  # noqa: E731
+        addr = pick(addr)
+        count = pick(sample.count)
         elapsed = float(interval_s if elapsed_s is None else elapsed_s)
         weight = np.float32(min(1.0, max(elapsed, 1e-6) / max(float(interval_s), 1e-6)))
         if max_count is not None and len(sample.freq) != len(sample.addr):
-            clipped = np.minimum(sample.count, np.uint32(max(1, int(max_count))))
-            rate = (clipped[order] / max(elapsed, 1e-6)).astype(np.float32) * weight
+            clipped = np.minimum(count, np.uint32(max(1, int(max_count))))
+            rate = (clipped / max(elapsed, 1e-6)).astype(np.float32) * weight
         else:
-            rate = sample.rates(elapsed)[order].astype(np.float32) * weight
-        node = sample.node[order]
-        npages = sample.npages[order]
-        keys = _keys(t, addr)
-        mine = self.a["target"] == t
-        if sample.complete:
-            # Units of this target absent from a complete sample are gone (unmapped).
-            self.a["flags"][mine] &= ~np.uint8(F_PRESENT)
-        all_keys = _keys(self.a["target"], self.a["addr"])
-        pos = np.searchsorted(all_keys, keys)
-        if len(all_keys):
+            rate = pick(sample.rates(elapsed)).astype(np.float32) * weight
+        node = pick(sample.node)
+        npages = pick(sample.npages)
+        keys = unit_keys(t, addr)
+        if self._touched is None:
+            self.touched()
+
+        same = self._forget_absent(t, keys) if sample.complete else None
+        all_keys = self.keys()
+        if same is not None:  # the target's units, exactly: no lookup
+            pos = same + np.arange(len(keys))
+            found = np.ones(len(keys), bool)
+        elif len(all_keys):
+            pos = np.searchsorted(all_keys, keys)
             found = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == keys)
         else:
+            pos = np.zeros(len(keys), np.int64)
             found = np.zeros(len(keys), bool)
+        a = self._a
         # existing units
         idx = pos[found]
-        self.a["count"][idx] += count[found]
-        self.a["rate"][idx] += rate[found]
-        self.a["heat"][idx] += rate[found]
-        recent = (self.interval - self.a["last_move"][idx].astype(np.int64)) < trust_moves
-        self.a["node"][idx] = np.where(recent, self.a["node"][idx], node[found])
-        self.a["npages"][idx] = npages[found]
-        self.a["flags"][idx] |= np.uint8(F_PRESENT)
-        acc = idx[(count[found] > 0) | (rate[found] > 0)]
-        self.a["last_access"][acc] = self.interval
+        f_count, f_rate, f_node = count[found], rate[found], node[found]
+        if len(idx):
+            if trust_moves > 0:
+                recent = (self.interval - a["last_move"][idx].astype(np.int64)) < trust_moves
+                f_node = np.where(recent, a["node"][idx], f_node)
+            f_pages = npages[found]
+            change = (a["node"][idx] != f_node) | (a["npages"][idx] != f_pages)
+            if change.any():
+                ch = idx[change]
+                self._account(ch, -1)
+                a["node"][ch] = f_node[change]
+                a["npages"][ch] = f_pages[change]
+                self._account(ch, 1)
+                self._pool_join(ch)
+            if sample.complete:
+                a["flags"][idx] |= np.uint8(F_PRESENT)
+            hit = (f_count > 0) | (f_rate > 0)
+            acc = idx[hit]
+            if len(acc):
+                a["count"][acc] += f_count[hit]
+                a["rate"][acc] += f_rate[hit]
+                before = a["heat"][acc]
+                a["heat"][acc] = before + f_rate[hit] / np.float32(self.scale)
+                a["last_access"][acc] = self.interval
+                self._join_candidates(acc, before)
+                self._touched = union(self._touched, acc)
         # new units
         new = ~found
         if new.any():
@@ -153,68 +480,116 @@ class PageState:
             n["addr"] = addr[new]
             n["count"] = count[new]
             n["rate"] = rate[new]
-            n["heat"] = rate[new]
-            n["last_access"] = np.where((count[new] > 0) | (rate[new] > 0), self.interval, NEVER)
+            n["heat"] = rate[new] / np.float32(self.scale)
+            hit = (count[new] > 0) | (rate[new] > 0)
+            n["last_access"] = np.where(hit, self.interval, NEVER)
             n["last_move"] = NEVER
             n["target"] = t
             n["npages"] = npages[new]
             n["node"] = node[new]
             n["flags"] = F_PRESENT
-            merged = np.concatenate([self.a, n])
-            self.a = merged[np.argsort(_keys(merged["target"], merged["addr"]), kind="stable")]
-        if sample.complete:
-            self.a = self.a[(self.a["target"] != t) | (self.a["flags"] & F_PRESENT != 0)]
+            self._insert(pos[new], n, keys[new], hit)
+
+    def _insert(self, pos: np.ndarray, rows: np.ndarray, keys: np.ndarray, hit: np.ndarray) -> None:
+        """Insert ``rows`` (sorted, keys ``keys``) before old positions ``pos``."""
+        if self._k is not None and len(self._k) == len(self._a):
+            self._k = np.insert(self._k, pos, keys)
+        else:
+            self._k = None
+        self._a = np.insert(self._a, pos, rows)
+        new_idx = pos + np.arange(len(pos))
+        if self._touched is not None:
+            self._touched = union(_remap_insert(self._touched, pos), new_idx[hit])
+        if self._cand is not None:
+            c = _remap_insert(self._cand, pos)
+            # the new units' heat is their rate: candidates if it reaches the floor
+            hot = rows["heat"] * np.float32(self.scale) >= self._cand_floor
+            self._out += float(rows["heat"][~hot].sum(dtype=np.float64))
+            self._cand = union(c, new_idx[hot])
+        self._pool_remap(lambda i: _remap_insert(i, pos))
+        self._account(new_idx, 1)
+        self._pool_join(new_idx)
+
+    def _forget_absent(self, t: int, keys: np.ndarray) -> int | None:
+        """Forget target ``t``'s units whose keys are not in ``keys`` (sorted). Returns the
+        index of the target's first unit when its units are exactly ``keys``, else None."""
+        k = self.keys()
+        lo = int(np.searchsorted(k, np.uint64(t) << np.uint64(48)))
+        hi = int(np.searchsorted(k, np.uint64(t + 1) << np.uint64(48)))
+        mine = k[lo:hi]
+        if len(mine) == len(keys) and np.array_equal(mine, keys):
+            return lo  # nothing unmapped, nothing new (the usual case): one comparison
+        if not len(keys):
+            gone = np.arange(lo, hi)
+        else:
+            p = np.minimum(np.searchsorted(keys, mine), len(keys) - 1)
+            gone = lo + np.flatnonzero(keys[p] != mine)
+        if len(gone):
+            self.forget(gone)
+        return None
 
     def forget_target(self, pid: int) -> None:
         if pid in self.pids:
             t = self.pids.index(pid)
-            self.a = self.a[self.a["target"] != t]
+            k = self.keys()
+            lo = int(np.searchsorted(k, np.uint64(t) << np.uint64(48)))
+            hi = int(np.searchsorted(k, np.uint64(t + 1) << np.uint64(48)))
+            if hi > lo:
+                self.forget(np.arange(lo, hi))
             self.pids[t] = -1
+
+    def forget(self, idx: np.ndarray) -> None:
+        gone = np.unique(np.asarray(idx, np.int64))
+        if not len(gone):
+            return
+        self._account(gone, -1)
+        if self._cand is not None:
+            c = self._cand
+            inside = _member(c, gone)
+            self._out -= float(self._a["heat"][gone[~inside]].sum(dtype=np.float64))
+            self._cand = _remap_delete(c, gone)
+        if self._touched is not None:
+            self._touched = _remap_delete(self._touched, gone)
+        self._pool_remap(lambda i: _remap_delete(i, gone))
+        keep = np.ones(len(self._a), bool)
+        keep[gone] = False
+        self._a = self._a[keep]
+        if self._k is not None:
+            self._k = self._k[keep]
 
     def mark_stuck(self, idx: np.ndarray) -> None:
         """Units whose move failed for good: the daemon leaves them until :meth:`unstick`, and
         they count as unmovable (outside the fast budget) until a move of theirs succeeds."""
-        self.a["flags"][idx] |= np.uint8(F_STUCK | F_UNMOVABLE)
+        idx = np.unique(np.asarray(idx, np.int64))
+        self._account(idx, -1)
+        self._a["flags"][idx] |= np.uint8(F_STUCK | F_UNMOVABLE)
+        self._account(idx, 1)
 
     def unstick(self) -> None:
         """Let stuck units be tried again (they stay unmovable until a move succeeds)."""
-        self.a["flags"] &= ~np.uint8(F_STUCK)
+        self._a["flags"] &= ~np.uint8(F_STUCK)
 
     def stuck(self, idx: np.ndarray) -> np.ndarray:
         """Boolean: which of ``idx`` are stuck."""
-        return (self.a["flags"][idx] & F_STUCK) != 0
+        return (self._a["flags"][idx] & F_STUCK) != 0
 
     def unmovable(self, idx: np.ndarray) -> np.ndarray:
         """Boolean: which of ``idx`` the kernel refused to move and has not moved since."""
-        return (self.a["flags"][idx] & F_UNMOVABLE) != 0
-
-    def forget(self, idx: np.ndarray) -> None:
-        keep = np.ones(len(self.a), bool)
-        keep[idx] = False
-        self.a = self.a[keep]
-
-    def pages_on(self, node: int) -> int:
-        """4 KiB pages tracked on ``node``."""
-        return int(self.a["npages"][self.a["node"] == node].sum(dtype=np.int64))
-
-    def unmovable_on(self, node: int) -> int:
-        """4 KiB pages on ``node`` the kernel refused to move (shared with other processes:
-        library text, memory of a forked parent) and has not moved since."""
-        sel = (self.a["node"] == node) & (self.a["flags"] & F_UNMOVABLE != 0)
-        return int(self.a["npages"][sel].sum(dtype=np.int64))
-
-    def movable_on(self, node: int) -> int:
-        """4 KiB pages on ``node`` that count against a budget: all but :meth:`unmovable_on`."""
-        return self.pages_on(node) - self.unmovable_on(node)
+        return (self._a["flags"][idx] & F_UNMOVABLE) != 0
 
     def record_moves(self, idx: np.ndarray, node: int) -> None:
-        self.a["node"][idx] = node
-        self.a["flags"][idx] &= ~np.uint8(F_UNMOVABLE)
-        self.a["last_move"][idx] = self.interval
-        self.a["moves"][idx] = np.minimum(self.a["moves"][idx].astype(np.int64) + 1, 65535)
+        idx = np.unique(np.asarray(idx, np.int64))
+        a = self._a
+        self._account(idx, -1)
+        a["node"][idx] = node
+        a["flags"][idx] &= ~np.uint8(F_UNMOVABLE)
+        self._account(idx, 1)
+        self._pool_join(idx)
+        a["last_move"][idx] = self.interval
+        a["moves"][idx] = np.minimum(a["moves"][idx].astype(np.int64) + 1, 65535)
 
     def addresses(self, idx: np.ndarray) -> np.ndarray:
-        return self.a["addr"][idx]
+        return self._a["addr"][idx]
 
     def pid_of(self, idx: np.ndarray) -> np.ndarray:
-        return np.asarray(self.pids, np.int64)[self.a["target"][idx]]
+        return np.asarray(self.pids, np.int64)[self._a["target"][idx]]

@@ -1,0 +1,145 @@
+"""The daemon's per-interval cost follows the accessed set (daemon/state.py, policies/heuristic.py):
+lazy decay, counters kept as units change, and the heuristic deciding on candidates must give
+what the eager, every-unit computation gives."""
+import numpy as np
+import pytest
+
+from pagetier.core.state import NEVER, PageState
+from pagetier.policies import Context, create
+from pagetier.profiler.base import Sample
+
+FAST, SLOW = 0, 1
+
+
+def sample(addrs, rates, nodes, pid=1, complete=False):
+    addrs = np.asarray(addrs, np.uint64)
+    rates = np.asarray(rates, np.float32)
+    return Sample(pid=pid, addr=addrs, count=(rates > 0).astype(np.uint32),
+                  node=np.asarray(nodes, np.int16), npages=np.ones(len(addrs), np.uint16),
+                  complete=complete, freq=rates)
+
+
+def test_lazy_decay_equals_eager_decay():
+    rng = np.random.default_rng(0)
+    n = 500
+    addrs = 0x10000 + np.arange(n, dtype=np.uint64) * 4096
+    st = PageState(decay=0.5)
+    eager = np.zeros(n, np.float64)
+    for i in range(200):  # past several renormalisations of the global scale
+        st.begin_interval()
+        eager *= 0.5
+        hit = rng.random(n) < (1.0 if i == 0 else 0.1)
+        r = np.where(hit, rng.exponential(100, n), 0).astype(np.float32)
+        s = sample(addrs[hit], r[hit], np.ones(hit.sum()), complete=False)
+        st.update(s)
+        eager += r
+        np.testing.assert_allclose(st.heat, eager, rtol=1e-4, atol=1e-30)
+        assert np.array_equal(np.flatnonzero(st.rate > 0), np.flatnonzero(hit))
+        assert (st.count[~hit] == 0).all()
+
+
+def test_counters_follow_moves_inserts_and_forgets():
+    st = PageState()
+    st.begin_interval()
+    st.update(sample(np.arange(10) * 4096, np.ones(10), [SLOW] * 10, complete=True))
+    st.record_moves(np.arange(4), FAST)
+    st.mark_stuck(np.array([0]))
+    st.begin_interval()
+    st.update(sample([50 * 4096, 2 * 4096], [3, 3], [FAST, FAST]))  # one new, one re-noded
+    st.forget(np.array([1]))
+    for node in (FAST, SLOW):
+        assert st.pages_on(node) == int((st.node == node).sum())
+    assert st.unmovable_on(FAST) == 1
+    st.begin_interval()
+    st.update(sample(np.arange(5) * 4096, np.zeros(5), [FAST] * 5, complete=True))
+    assert list(st.addr) == [i * 4096 for i in range(5)]  # unmapped units forgotten
+    assert st.pages_on(FAST) == 5 and st.pages_on(SLOW) == 0
+
+
+def test_candidates_hold_every_unit_above_the_floor():
+    rng = np.random.default_rng(1)
+    st = PageState()
+    addrs = np.arange(2000, dtype=np.uint64) * 4096
+    for i in range(30):
+        st.begin_interval()
+        hit = rng.random(len(addrs)) < 0.05
+        st.update(sample(addrs[hit], rng.exponential(20, hit.sum()), np.ones(hit.sum())))
+        cand, rest = st.hotter_than(1.0)
+        h = st.heat.astype(np.float64)
+        assert np.array_equal(cand, np.flatnonzero(h >= 1.0))
+        assert rest == pytest.approx(h[h < 1.0].sum(), rel=1e-3, abs=1e-6)
+
+
+class _Plain:
+    """A PageState seen through its columns only: the heuristic decides on every unit."""
+
+    def __init__(self, st):
+        self._st = st
+
+    def __len__(self):
+        return len(self._st)
+
+    def __getattr__(self, k):
+        if k in ("hotter_than", "touched", "coldest", "heat_at", "keys"):
+            raise AttributeError(k)
+        return getattr(self._st, k)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_heuristic_on_candidates_decides_as_on_every_unit(seed):
+    """Over intervals with a drifting hot set and moves applied, the candidate path returns
+    the same promotions and demotions as the every-unit path."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    addrs = np.arange(n, dtype=np.uint64) * 4096
+    st = PageState()
+    inc, plain = create("heuristic"), create("heuristic")
+    hot = rng.choice(n, 150, replace=False)
+    st.begin_interval()
+    st.update(sample(addrs, np.zeros(n), rng.choice([FAST, SLOW], n), complete=True))
+    for i in range(40):
+        if i % 10 == 9:
+            hot = rng.choice(n, 150, replace=False)  # a phase change
+        st.begin_interval()
+        hit = np.zeros(n, bool)
+        hit[hot] = rng.random(len(hot)) < 0.9
+        hit |= rng.random(n) < 0.01  # noise
+        r = np.where(np.isin(np.arange(n), hot), 500.0, 3.0)[hit]
+        st.update(sample(addrs[hit], r, st.node[hit]))  # the profiler sees the moves
+        ctx = Context(fast_budget=int(rng.integers(100, 1600)),
+                      max_moves=int(rng.choice([16, 200, 1 << 40])))
+        a = inc.decide(st, ctx)
+        b = plain.decide(_Plain(st), ctx)
+        assert np.array_equal(a.promote, b.promote) and np.array_equal(a.demote, b.demote), i
+        assert a.stats["reference_heat"] == b.stats["reference_heat"], (i, a.stats, b.stats)
+        st.record_moves(a.promote, FAST)
+        st.record_moves(a.demote, SLOW)
+
+
+def test_unit_not_seen_for_long_is_still_demotable():
+    """A fast unit accessed once long ago (outside every candidate set) is the first victim
+    when a hotter unit needs its room."""
+    st = PageState()
+    st.begin_interval()
+    st.update(sample([0, 4096, 8192], [100, 100, 0], [FAST, FAST, SLOW], complete=True))
+    for _ in range(60):
+        st.begin_interval()
+        st.update(sample([4096], [100], [FAST]))
+    st.begin_interval()
+    st.update(sample([4096, 8192], [100, 400], [FAST, SLOW]))
+    d = create("heuristic").decide(st, Context(fast_budget=3, max_moves=10))
+    assert list(d.demote) == [0] and list(d.promote) == [2]
+    assert st.last_access[0] != NEVER and st.heat[0] < 1e-10
+
+
+def test_first_access_after_an_empty_candidate_set():
+    """Every unit cold (an empty candidate set), then one accessed: it joins the set (the
+    daemon's first intervals on a program that has not run yet)."""
+    st = PageState()
+    st.begin_interval()
+    st.update(sample([0, 4096], [0, 0], [SLOW, SLOW], complete=True))
+    assert len(st.hotter_than(1.0)[0]) == 0
+    st.begin_interval()
+    st.update(sample([4096], [50], [SLOW]))
+    st.forget(np.array([0]))
+    assert list(st.hotter_than(1.0)[0]) == [0] and st.heat[0] == 50
