@@ -6,6 +6,13 @@ within ``ping_pong_window`` intervals counts as a ping-pong), units whose pages 
 collected to be forgotten, units that failed for good are marked stuck, and ENOMEM marks the
 node full and ends this interval's moves to it. A whole-call error of a target that exited is
 not fatal: the target is dropped.
+
+The executor also measures the migration throughput it really gets: pages moved per second of
+``move`` wall time, smoothed over the moves (:attr:`Executor.throughput`). The daemon caps an
+interval's moves at what that throughput moves in about one interval, so that a plan never
+takes several intervals to carry out (under a slow tier, a busy machine or emulation, 64 MiB
+in one call took 5-10 s: the daemon was a phase behind, and its exchanges landed on a hot set
+that had already moved).
 """
 from __future__ import annotations
 
@@ -17,8 +24,13 @@ import numpy as np
 from pagetier.core import mover as mover_mod
 from pagetier.core.state import NEVER, PageState
 from pagetier.core.units import PAGE_SIZE
+from pagetier.daemon.clock import Clock
 
 log = logging.getLogger("pagetier.daemon")
+
+# a move of fewer pages times the call's fixed costs more than the copying: not measured
+THROUGHPUT_MIN_PAGES = 512
+THROUGHPUT_SMOOTHING = 0.5  # weight of the newest measurement
 
 
 def new_tally() -> dict:
@@ -32,9 +44,19 @@ class Executor:
     with its ``move`` and optionally ``query_nodes``); ``alive(pid)`` says whether a target
     still runs."""
 
-    def __init__(self, state: PageState, profiler, mover, alive):
+    def __init__(self, state: PageState, profiler, mover, alive, clock: Clock | None = None):
         self.state, self.profiler, self.mover, self.alive = state, profiler, mover, alive
+        self.clock = clock if clock is not None else Clock()
         self.full: set[int] = set()  # nodes found full (ENOMEM, or no room above the watermark)
+        self.throughput: float | None = None  # pages/s moves achieved (smoothed); None: unknown
+
+    def measure(self, pages: int, seconds: float) -> None:
+        """Fold one move's ``pages`` in ``seconds`` into :attr:`throughput`."""
+        if pages < THROUGHPUT_MIN_PAGES or seconds <= 0:
+            return
+        r = pages / seconds
+        a = THROUGHPUT_SMOOTHING
+        self.throughput = r if self.throughput is None else (1 - a) * self.throughput + a * r
 
     def move(self, idx: np.ndarray, node: int, acc: dict, forget: list, gone_pids: set,
              ping_pong_window: int) -> bool:
@@ -44,6 +66,7 @@ class Executor:
             return True
         pids = st.pid_of(idx)
         ok = True
+        t0, before = self.clock.monotonic(), acc["moved_pages"]
         for pid in np.unique(pids).tolist():
             sel = idx[pids == pid]
             if pid in gone_pids:
@@ -83,6 +106,7 @@ class Executor:
                 break
         if ok and acc["moved_pages"]:
             self.node_full(node, False)
+        self.measure(acc["moved_pages"] - before, self.clock.monotonic() - t0)
         return ok
 
     def node_full(self, node: int, full: bool, why: str = "move_pages: ENOMEM") -> None:

@@ -8,7 +8,9 @@ One interval (:meth:`Daemon.step`):
    as rates (accesses/s over the time since the target's last read, or the profiler's own
    frequency estimate);
 2. units of unknown node looked up with ``mover.query_nodes``;
-3. the policy's Decision, given a Context with the fast budget, the rate limit in pages and
+3. the policy's Decision, given a Context with the fast budget, the rate limit in pages (the
+   smaller of ``--rate`` and what the migration throughput measured so far moves in about one
+   interval: daemon/executor.py) and
    the fast capacity: what the fast node can hold for the targets (their units on it plus its
    room above the high watermark). When that is below the budget the node is the limit, and
    the policy exchanges: it demotes colder units to make room for hotter ones;
@@ -26,7 +28,8 @@ One interval (:meth:`Daemon.step`):
    the fast budget counts the pages the daemon can move: fast pages the kernel refused to
    move (mapped by other processes too) are reported apart, as ``fast_unmovable``;
 6. a stats dict (with ``limit``: the limit that kept wanted units off the fast node,
-   "budget", "node", "rate" or None), printed as a JSON line (``--json``) or a short human line, and written to
+   "budget", "node", "rate", "throughput" (the migration throughput measured so far, when
+   what it moves in an interval is below ``--rate``) or None), printed as a JSON line (``--json``) or a short human line, and written to
    the status file that ``pagetier status`` reads.
 
 The first interval ends as soon as the profiler has its first frequency estimate of every
@@ -66,7 +69,7 @@ from pagetier.daemon import config as config_mod
 from pagetier.daemon import control
 from pagetier.daemon import report
 from pagetier.daemon.clock import Clock
-from pagetier.daemon.executor import Executor, new_tally
+from pagetier.daemon.executor import THROUGHPUT_MIN_PAGES, Executor, new_tally
 from pagetier.daemon.numab import NumaBalancing
 from pagetier.daemon.targets import Targets
 from pagetier.errors import ConfigError, PagetierError
@@ -78,6 +81,8 @@ log = logging.getLogger("pagetier.daemon")
 MIB = 1 << 20
 STUCK_RETRY = 32  # intervals before units whose move failed for good (EACCES...) are tried again
 ROOM_MARGIN = 1 * MIB  # promotions leave this much above the fast node's high watermark
+# an interval's moves are capped at what the measured throughput moves in this many intervals
+THROUGHPUT_HEADROOM = 1.25
 # A read lists only the units accessed since the last one (READ_ACCESSED_ONLY: the cost follows
 # the accessed set); every FULL_READ_EVERY intervals, and at a target's first read, it lists
 # every unit the profiler tracks: that read finds the units that appeared cold (their node
@@ -126,7 +131,7 @@ class Daemon:
         self.tracker = Targets(self.profiler, self.state, pids=pids, cgroup=cgroup, child=child)
         self.executor = Executor(self.state, self.profiler,
                                  mover if mover is not None else mover_mod,
-                                 lambda pid: self.tracker.alive(pid))
+                                 lambda pid: self.tracker.alive(pid), clock=self.clock)
         status = cfg.status_file or run_dir() / f"daemon-{os.getpid()}.json"
         self.report = report.Reporter(out if out is not None else sys.stdout, status)
         self.stop_reason: str | None = None
@@ -195,6 +200,14 @@ class Daemon:
     def rate_pages(self) -> int:
         return planner.rate_pages(self.cfg.rate, self.cfg.interval)
 
+    def throughput_pages(self) -> int | None:
+        """Pages the measured migration throughput moves in about one interval (with room to
+        find out that it has grown); None until a move has been measured."""
+        tp = self.executor.throughput
+        if tp is None:
+            return None
+        return max(2 * THROUGHPUT_MIN_PAGES, int(tp * self.cfg.interval * THROUGHPUT_HEADROOM))
+
     def trust_moves(self) -> int:
         """Intervals for which the profiler's node of a moved unit may predate the move."""
         lag = float(getattr(self.profiler, "node_lag_s", 0.0))
@@ -252,7 +265,11 @@ class Daemon:
         self.executor.fill_nodes()
         scan_s = self._profiler_scan_s()
 
-        budget, limit = self.budget_pages(), max(0, self.rate_pages() - self._interval_moved)
+        rate = self.rate_pages()
+        measured = None if cfg.dry_run else self.throughput_pages()
+        by_throughput = measured is not None and measured < rate
+        budget = self.budget_pages()
+        limit = max(0, (measured if by_throughput else rate) - self._interval_moved)
         # the budget is for pages the daemon can move; a policy counts every unit on the fast
         # node, so it sees the budget plus the fast pages the kernel refused to move
         unmovable = st.unmovable_on(cfg.fast_node)
@@ -307,6 +324,9 @@ class Daemon:
         resident = {(str(n) if n >= 0 else "unknown"): p * PAGE_SIZE
                     for n, p in st.resident().items()}
         fast_used_b = st.movable_on(cfg.fast_node) * PAGE_SIZE
+        bound = limit_hit or dec.stats.get("limit")
+        if bound == "rate" and by_throughput:
+            bound = "throughput"  # the measured throughput, not --rate, set the interval's cap
         stats = {
             "interval": st.interval,
             "boundary": boundary,
@@ -331,8 +351,11 @@ class Daemon:
             "fast_capacity": None if capacity is None else int(capacity) * PAGE_SIZE,
             # the limit that kept wanted units off the fast node: "budget", "node" (the fast
             # node's free memory), "rate", or None
-            "limit": limit_hit or dec.stats.get("limit"),
+            "limit": bound,
             "rate_pages": int(min(limit, 1 << 50)),
+            # the migration throughput measured so far (MB/s; None: nothing moved yet)
+            "throughput_mb_s": (None if self.executor.throughput is None
+                                else round(self.executor.throughput * PAGE_SIZE / MIB, 1)),
             "dry_run": cfg.dry_run,
             "errors": acc["errors"],
             "policy": dict(dec.stats),

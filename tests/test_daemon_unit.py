@@ -889,3 +889,48 @@ def test_exchange_when_the_node_not_the_budget_is_the_limit(tmp_path):
     assert all(s["fast_capacity"] <= (room + 1) * 4096 for s in stats)
     assert sum(s["ping_pongs"] for s in stats) == 0
     print([(s["promoted"], s["demoted"], s["limit"], s["policy"]["ranked_by"]) for s in stats])
+
+
+def test_moves_capped_at_the_measured_throughput(tmp_path):
+    """A mover that moves 1,000 pages a second, a 1 s interval and --rate allowing 2,000 pages
+    an interval: the first interval moves 2,000 (nothing measured yet); then an interval moves
+    what the measured throughput moves in about one interval (1,250 pages with the headroom)
+    and the stats say the throughput is the limit. When the mover gets 4x faster the cap
+    grows past --rate, and --rate is the limit again."""
+    clock = FakeClock()
+    rate_mb_s = 2000 * 4096 / (1 << 20)
+    d = make_daemon(tmp_path, units=20000, hot=20000, budget="100M", rate=rate_mb_s, clock=clock)
+    d.cfg.interval = 1.0
+    pps = [1000.0]
+    move = d.executor.mover.move
+
+    def slow(pid, addrs, node):
+        clock.advance(len(addrs) / pps[0])
+        return move(pid, addrs, node)
+
+    d.executor.mover.move = slow
+    first = d.step()
+    assert first["promoted"] == 2000 and first["throughput_mb_s"] == round(1000 * 4096 / (1 << 20), 1)
+    capped = d.step()
+    assert capped["promoted"] == 1250 and capped["limit"] == "throughput", capped["limit"]
+    pps[0] = 4000.0
+    d.step()  # 1,250 pages at 4,000/s: the estimate rises to 2,500/s, a cap of 3,125 > 2,000
+    after = d.step()
+    assert after["promoted"] == 2000 and after["limit"] == "rate"
+    # a dry run moves nothing and measures nothing: --rate alone
+    d2 = make_daemon(tmp_path, units=20000, hot=20000, budget="100M", rate=rate_mb_s,
+                     dry_run=True, clock=FakeClock())
+    assert d2.step()["throughput_mb_s"] is None
+
+
+def test_throughput_ignores_small_moves():
+    from pagetier.daemon.executor import THROUGHPUT_MIN_PAGES, Executor
+
+    ex = Executor(None, None, None, lambda pid: True)
+    ex.measure(THROUGHPUT_MIN_PAGES - 1, 0.001)  # the call's fixed costs, not the copying
+    assert ex.throughput is None
+    ex.measure(1000, 1.0)
+    ex.measure(3000, 1.0)
+    assert ex.throughput == 2000.0
+    ex.measure(5000, 0.0)  # no time measured (a clock that stood still)
+    assert ex.throughput == 2000.0
