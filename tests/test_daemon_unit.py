@@ -321,17 +321,22 @@ def test_run_returns_child_status_and_writes_status(tmp_path):
     assert f"pid {os.getpid()}" in text and "targets:" in text
 
 
-def test_first_interval_after_one_interval_of_counts(tmp_path):
-    """The first decision comes one interval after the start, not on a read made right after
-    attach (no counts yet); the status file exists from the start."""
-    cfg = daemon_config(tmp_path, policy="test-greedy", interval=0.3, fast_budget="4M",
+def run_for(tmp_path, *, interval: float, duration: float, prof):
+    """A greedy daemon on one fake pid for ``duration`` seconds of a FakeClock."""
+    cfg = daemon_config(tmp_path, policy="test-greedy", interval=interval, fast_budget="4M",
                         json=True, control_socket=str(tmp_path / "c.sock"))
-    cfg.duration = 0.5
-    prof = StubProfiler(units=256, hot=16)
+    cfg.duration = duration
     clock = FakeClock()
     d = Daemon(cfg, pids=(4242,), profiler=prof, policy=Greedy(), mover=StubMover(prof),
                numab=False, out=open(os.devnull, "w"), clock=clock)
     d.tracker.alive = lambda pid: True
+    return d, clock
+
+
+def test_first_interval_after_one_interval_of_counts(tmp_path):
+    """The first decision comes one interval after the start, not on a read made right after
+    attach (no counts yet); the status file exists from the start."""
+    d, clock = run_for(tmp_path, interval=0.3, duration=0.5, prof=StubProfiler(units=256, hot=16))
     steps = []
     orig = d.step
 
@@ -350,16 +355,10 @@ def test_first_decision_when_the_profiler_has_its_estimate(tmp_path):
     """With a profiler that says when its first frequency estimate is in (pagetier.ko), the
     first decision comes once it is, not a fixed interval after the start: here the interval
     is 5 s and the run 1.5 s, so a fixed wait would put it at the end of the run."""
-    cfg = daemon_config(tmp_path, policy="test-greedy", interval=5.0, fast_budget="4M",
-                        json=True, control_socket=str(tmp_path / "c.sock"))
-    cfg.duration = 1.5
     prof = StubProfiler(units=256, hot=16)
     asked = []
     prof.first_estimate_ready = lambda pid: (asked.append(pid) or len(asked) >= 3)
-    clock = FakeClock()
-    d = Daemon(cfg, pids=(4242,), profiler=prof, policy=Greedy(), mover=StubMover(prof),
-               numab=False, out=open(os.devnull, "w"), clock=clock)
-    d.tracker.alive = lambda pid: True
+    d, _ = run_for(tmp_path, interval=5.0, duration=1.5, prof=prof)
     first = []
     orig = d.step
 
