@@ -223,8 +223,8 @@ class Heuristic(Policy):
     @dataclass
     class Config:
         min_heat: float = 1.0  # colder units are never promoted
-        high_watermark: float = 0.95  # fraction of the budget: above it, demote...
-        low_watermark: float = 0.9  # ...down to this; the hot set is sized to it
+        high_watermark: float = 1.0  # fraction of the budget: above it, demote...
+        low_watermark: float = 0.95  # ...down to this; the hot set is sized to it
         min_residency: int = 2  # intervals a moved unit stays where it was moved
         margin: float = 0.25  # a swap needs promoted heat > victim heat * (1 + margin)...
         gap_ratio: float = 0.1  # ...and promoted - victim heat >= gap_ratio * reference heat

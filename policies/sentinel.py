@@ -95,8 +95,8 @@ class Sentinel(Policy):
     @dataclass
     class Config:
         lookahead: int = 2  # layers ahead whose objects are prefetched
-        high_watermark: float = 0.95  # fraction of the budget: above it, demote...
-        low_watermark: float = 0.9  # ...down to this; the wanted set is sized to it (as heuristic)
+        high_watermark: float = 1.0  # fraction of the budget: above it, demote...
+        low_watermark: float = 0.95  # ...down to this; the wanted set is sized to it (as heuristic)
         small_object_bytes: int = 1 << 20  # objects at most this big and...
         short_lived_layers: int = 1  # ...live in at most this many layers are kept fast together
         min_heat: float = 1.0  # unannotated memory colder than this is not promoted

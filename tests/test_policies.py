@@ -133,7 +133,7 @@ def test_heuristic_margin_blocks_small_gains():
 def test_heuristic_watermark_demotes_coldest():
     heat = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 10
     st = make_state(heat=heat, node=[FAST] * 100)
-    ctx = Context(fast_budget=100)  # 100% used > 95% high watermark -> down to 90%
+    ctx = Context(fast_budget=95)  # 100 used > 100% high watermark -> down to 95% (90 pages)
     d = create("heuristic").decide(st, ctx)
     assert pages(st, d.demote) == 10
     assert st.heat[d.demote].max() <= 2  # the coldest went
@@ -185,7 +185,7 @@ def test_heuristic_throttle_raises_the_exchange_margin():
             pol._throttle_until = now + 2
         st = make_state(heat=[10] * 10 + [hot] * 10, node=[FAST] * 10 + [SLOW] * 10,
                         last_move=[now - 10] * 20, interval=now)  # not move-backs
-        return st, pol.decide(st, Context(fast_budget=11, max_moves=100))  # full at 95%
+        return st, pol.decide(st, Context(fast_budget=10, max_moves=100))  # full
 
     st, d = decide(20, False)
     assert pages(st, d.promote) > 0 and pages(st, d.demote) > 0
@@ -328,7 +328,7 @@ def test_heat_classes_fill_hottest_class_first():
         ("heuristic", {"min_residency": "2"}, ["min_residency", "int"]),
         ("heuristic", {"min_residency": True}, ["min_residency", "int"]),
         ("heuristic", {"high_watermark": 1.5}, ["high_watermark"]),
-        ("heuristic", {"low_watermark": 0.99}, ["low_watermark"]),
+        ("heuristic", {"high_watermark": 0.9, "low_watermark": 0.95}, ["low_watermark"]),
         ("heuristic", {"throttle_scale": 0.0}, ["throttle_scale"]),
         ("heuristic", {"thrash_window": 1}, ["thrash_window"]),
         ("heuristic", {"history": 1}, ["history"]),

@@ -127,7 +127,7 @@ def test_unit_not_seen_for_long_is_still_demotable():
         st.update(sample([4096], [100], [FAST]))
     st.begin_interval()
     st.update(sample([4096, 8192], [100, 400], [FAST, SLOW]))
-    d = create("heuristic").decide(st, Context(fast_budget=3, max_moves=10))
+    d = create("heuristic").decide(st, Context(fast_budget=2, max_moves=10))
     assert list(d.demote) == [0] and list(d.promote) == [2]
     assert st.last_access[0] != NEVER and st.heat[0] < 1e-10
 
