@@ -52,7 +52,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    a regular run, this interval ranks by its rates rather than
    by decayed heat (which would keep the old hot set for another interval or two). A read
    that finds under half as many units accessed as the last one (a read that missed most of
-   the program's accesses) is not taken as a phase change.
+   the program's accesses) is not taken as a phase change, nor is a new hot set by decayed
+   heat that is under half as hot (reference heat) or as large as the last one: a few
+   lukewarm units left on top after missed reads, not a new phase.
 
 Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
 pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate" or None),
@@ -493,7 +495,12 @@ class Heuristic(Policy):
             reasons.append("oversubscribed")
         # 6. access pattern from hot-set overlap (before the plan: a phase change is acted on)
         keys = np.sort(keys_of(desired))
-        pattern, jaccard, change = self._classify(keys)
+        # a new hot set is a phase change only when it is about as hot and as large as the
+        # last one: a read that missed most accesses (a loaded host) leaves a few lukewarm
+        # units on top, and acting on them as a phase change would bypass the throttle
+        credible = (ref >= 0.5 * self._prev_ref
+                    and int(npages[desired].sum()) >= 0.5 * self._prev_hot_pages)
+        pattern, jaccard, change = self._classify(keys, credible)
         if seen_now and not change:
             change = True
             pattern = "phased"
@@ -571,15 +578,18 @@ class Heuristic(Policy):
         }
         return Decision(promote=U[p].astype(np.int64), demote=U[d].astype(np.int64), stats=stats)
 
-    def _classify(self, keys: np.ndarray) -> tuple[str, float | None, bool]:
-        """Update the overlap history with this hot set; return (pattern, jaccard, change)."""
+    def _classify(self, keys: np.ndarray, credible: bool = True) -> tuple[str, float | None, bool]:
+        """Update the overlap history with this hot set; return (pattern, jaccard, change).
+        ``credible``: whether a low overlap may be taken as a phase change (the new hot set
+        about as hot and as large as the last one)."""
         c = self.config
         prev, self._prev_hot = self._prev_hot, keys
         if prev is None:
             return "warmup", None, False
         j = _jaccard_sorted(keys, prev)
         hist = self._overlap
-        change = bool(hist) and float(np.mean(hist)) >= c.regular_jaccard and j < c.phase_jaccard
+        change = (credible and bool(hist) and float(np.mean(hist)) >= c.regular_jaccard
+                  and j < c.phase_jaccard)
         hist.append(j)
         if change:
             self._since_change = 0

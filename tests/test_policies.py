@@ -227,6 +227,27 @@ def test_heuristic_pattern_stable_phased_irregular():
     assert d.stats["pattern"] == "irregular"
 
 
+def test_heuristic_a_few_lukewarm_units_are_no_phase_change():
+    """After a stable run, a read that missed most accesses (a loaded host) leaves a few
+    lukewarm units on top: no phase change (it would lift the throttle); a new hot set as hot
+    and as large as the last one is."""
+    ctx = Context(fast_budget=10)
+    hot_a = np.r_[np.full(10, 50.0), np.zeros(90)]
+
+    def stable():
+        pol = create("heuristic", {"history": 4})
+        for i in range(5):
+            pol.decide(make_state(heat=hot_a, node=[SLOW] * 100, interval=i + 1), ctx)
+        return pol
+
+    lukewarm = np.zeros(100)
+    lukewarm[60:63] = 2.0
+    d = stable().decide(make_state(heat=lukewarm, node=[SLOW] * 100, interval=6), ctx)
+    assert d.stats["jaccard"] == 0.0 and not d.stats["phase_change"], d.stats
+    d = stable().decide(make_state(heat=np.roll(hot_a, 50), node=[SLOW] * 100, interval=6), ctx)
+    assert d.stats["phase_change"], d.stats
+
+
 def test_heuristic_survives_units_appearing_and_disappearing():
     pol = create("heuristic")
     ctx = Context(fast_budget=20)
