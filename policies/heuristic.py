@@ -45,7 +45,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    than the fast capacity ("oversubscribed") exchanges are throttled the same way. Promotions
    into free room are never throttled: they go in one large batch, up to the rate limit;
 7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
-   (``warmup``, ``stable``, ``phased``, ``irregular``) and suggests an ``interval_scale``. A
+   (``warmup``, ``stable``, ``phased``, ``irregular``) and suggests an ``interval_scale`` (in
+   stats only: the daemon keeps its ``--interval``). A
    phase change is acted on in the interval it is seen: when the units accessed in this
    interval (``state.rate``) form a hot set about as large and as hot (its reference at least
    half the last one's) as the last one and overlapping it by less than ``phase_jaccard`` after
@@ -78,7 +79,7 @@ from pagetier.core.state import NEVER, union
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Decision, Policy, register
 
-# Suggested interval_scale per access pattern (the daemon multiplies its interval by it).
+# Suggested interval_scale per access pattern, shown in stats (the daemon keeps its interval).
 INTERVAL_SCALE = {
     "warmup": 1.0,  # too little history to say
     "stable": 2.0,  # the hot set hardly changes: sample less often
