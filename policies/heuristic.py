@@ -431,7 +431,7 @@ class Heuristic(Policy):
                 n *= 4
             if len(pool):
                 old = U
-                U = union(U, pool)
+                U = union(U, np.sort(pool))  # the pool comes coldest first
                 remap = np.searchsorted(U, old)
                 order, desired = remap[order], remap[desired]
                 heat, rate, node, npages, last_move = self._gather(state, U, False)

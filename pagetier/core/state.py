@@ -103,6 +103,16 @@ def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.insert(a, p[miss], b[miss])
 
 
+def _prefix(order: np.ndarray, n: int, whole: bool) -> tuple[np.ndarray, bool]:
+    """The first ``max(n, 1)`` of ``order`` (a pool kept larger than asked: handing all of it
+    out would make the caller gather it every interval), or all of it; whether that is all of
+    the node's units."""
+    k = max(int(n), 1)
+    if len(order) > k:
+        return order[:k], False
+    return order, whole
+
+
 def _member(sorted_arr: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Boolean: which of ``x`` are in ``sorted_arr`` (sorted)."""
     if not len(sorted_arr):
@@ -311,15 +321,15 @@ class PageState:
             if th == np.inf or len(idx) >= n:
                 order = pool[3]
                 if order is not None:  # still in order (members rarely warm up): no sort
-                    order = order[np.isin(order, idx, assume_unique=True)] if len(order) != len(
-                        idx) else order
+                    # members that left dropped; a member that joined makes it shorter
+                    order = order[np.isin(order, idx, assume_unique=True)]
                     ho = a["heat"][order]
                     if len(order) == len(idx) and (len(order) < 2 or bool(np.all(
                             (ho[1:] > ho[:-1]) | ((ho[1:] == ho[:-1]) & (order[1:] > order[:-1]))))):
-                        return order, th == np.inf
+                        return _prefix(order, n, th == np.inf)
                 order = idx[np.argsort(a["heat"][idx], kind="stable")]
                 pool[3] = order
-                return order, th == np.inf
+                return _prefix(order, n, th == np.inf)
         on = np.flatnonzero(a["node"] == node)
         h = a["heat"][on]
         k = max(4 * n, 65536)
@@ -335,7 +345,7 @@ class PageState:
             th, ti = float(v), int(eq[take]) if take < len(eq) else 1 << 62
         order = sel[np.argsort(a["heat"][sel], kind="stable")]
         self._pools[node] = [sel, th, ti, order]
-        return order, th == np.inf
+        return _prefix(order, n, th == np.inf)
 
     def _pool_join(self, idx: np.ndarray) -> None:
         """Units ``idx`` (sorted unique) have a new node or are new: into that node's pool when
