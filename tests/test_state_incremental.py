@@ -4,6 +4,7 @@ what the eager, every-unit computation gives."""
 import numpy as np
 import pytest
 
+from pagetier.core import state as state_mod
 from pagetier.core.state import NEVER, PageState
 from pagetier.policies import Context, create
 from pagetier.profiler.base import Sample
@@ -85,10 +86,13 @@ class _Plain:
         return getattr(self._st, k)
 
 
+@pytest.mark.parametrize("pool_min", [65536, 16])
 @pytest.mark.parametrize("seed", range(4))
-def test_heuristic_on_candidates_decides_as_on_every_unit(seed):
+def test_heuristic_on_candidates_decides_as_on_every_unit(seed, pool_min, monkeypatch):
     """Over intervals with a drifting hot set and moves applied, the candidate path returns
-    the same promotions and demotions as the every-unit path."""
+    the same promotions and demotions as the every-unit path; also with pools of the fast
+    node's coldest units far smaller than the node (as at scale: rebuilt, trimmed, joined)."""
+    monkeypatch.setattr(state_mod, "POOL_MIN", pool_min)
     rng = np.random.default_rng(seed)
     n = 3000
     addrs = np.arange(n, dtype=np.uint64) * 4096

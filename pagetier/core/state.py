@@ -78,6 +78,7 @@ DTYPE = np.dtype(
 )
 assert DTYPE.itemsize == 36
 
+POOL_MIN = 65536  # units a pool of a node's coldest units keeps at least (see coldest)
 MIN_SCALE = 2.0 ** -64  # renormalise heat when the global scale falls below this
 _NODES = 129  # node -1 (unknown) .. 127, counted at node + 1
 
@@ -326,13 +327,13 @@ class PageState:
                     ho = a["heat"][order]
                     if len(order) == len(idx) and (len(order) < 2 or bool(np.all(
                             (ho[1:] > ho[:-1]) | ((ho[1:] == ho[:-1]) & (order[1:] > order[:-1]))))):
-                        return _prefix(order, n, th == np.inf)
+                        return _prefix(self._trim(pool, order, n), n, pool[1] == np.inf)
                 order = idx[np.argsort(a["heat"][idx], kind="stable")]
                 pool[3] = order
-                return _prefix(order, n, th == np.inf)
+                return _prefix(self._trim(pool, order, n), n, pool[1] == np.inf)
         on = np.flatnonzero(a["node"] == node)
         h = a["heat"][on]
-        k = max(4 * n, 65536)
+        k = max(4 * n, POOL_MIN)
         if k >= len(on):
             sel, th, ti = on, np.inf, 0
         else:
@@ -346,6 +347,18 @@ class PageState:
         order = sel[np.argsort(a["heat"][sel], kind="stable")]
         self._pools[node] = [sel, th, ti, order]
         return _prefix(order, n, th == np.inf)
+
+    def _trim(self, pool: list, order: np.ndarray, n: int) -> np.ndarray:
+        """Shrink a pool far larger than asked for (built for a large first demand) to its
+        coldest ``POOL_MIN``-or-4n units, so that keeping it costs little each interval; the
+        first unit left out becomes the key."""
+        keep = max(4 * n, POOL_MIN)
+        if len(order) <= 2 * keep:
+            return order
+        first_out = int(order[keep])
+        order = order[:keep]
+        pool[:] = [np.sort(order), float(self._a["heat"][first_out]), first_out, order]
+        return order
 
     def _pool_join(self, idx: np.ndarray) -> None:
         """Units ``idx`` (sorted unique) have a new node or are new: into that node's pool when
