@@ -434,7 +434,18 @@ class Heuristic(Policy):
                 U = union(U, np.sort(pool))  # the pool comes coldest first
                 remap = np.searchsorted(U, old)
                 order, desired = remap[order], remap[desired]
-                heat, rate, node, npages, last_move = self._gather(state, U, False)
+                # the pool's new units gathered, the rest moved to their new places
+                added = np.ones(len(U), bool)
+                added[remap] = False
+                added = np.flatnonzero(added)
+                cols = []
+                for was, got in zip((heat, rate, node, npages, last_move),
+                                    self._gather(state, U[added], False)):
+                    col = np.empty(len(U), was.dtype)
+                    col[remap] = was
+                    col[added] = got
+                    cols.append(col)
+                heat, rate, node, npages, last_move = cols
                 known = node >= 0
                 fast = node == ctx.fast_node
                 score = heat if not seen_now else rate / (1.0 - decay) + 1e-6 * heat
