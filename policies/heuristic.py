@@ -207,6 +207,16 @@ def plan_moves(
     return promote.astype(np.int64), victims[:j].astype(np.int64)
 
 
+def _argsort_desc(x: np.ndarray) -> np.ndarray:
+    """``np.argsort(-x, kind="stable")`` (largest first, ties in index order), about twice as
+    fast for non-negative float64 ``x``: the bit patterns of such floats order as their values,
+    and numpy sorts 64-bit integers faster than floats."""
+    x = np.asarray(x, np.float64) + 0.0  # a copy, with -0.0 made +0.0
+    if len(x) and not bool((x >= 0).all()):  # negative or NaN
+        return np.argsort(-x, kind="stable")
+    return np.argsort(~x.view(np.uint64), kind="stable")
+
+
 def _jaccard_sorted(a: np.ndarray, b: np.ndarray) -> float:
     """Jaccard index of two sorted arrays of unique keys (1.0 when both are empty)."""
     if len(a) == 0 and len(b) == 0:
@@ -302,7 +312,7 @@ class Heuristic(Policy):
         colder than ``min_heat``); when the reference falls among them it is ``min_heat``."""
         c = self.config
         s = score[cand] * (1.0 + 1e-9 * fast[cand])
-        order = cand[np.argsort(-s, kind="stable")]
+        order = cand[_argsort_desc(s)]
         ranked = score[order]
         ref = 0.0
         if len(ranked):

@@ -648,3 +648,13 @@ def test_heuristic_phase_change_acted_on_when_seen():
                             capacity=lambda s: 20)
     assert log[10][2]["ranked_by"] == "rate" and log[10][2]["phase_change"]
     assert (st.node[16:32] == FAST).all()
+
+
+def test_argsort_desc_is_the_stable_descending_argsort():
+    from pagetier.policies.heuristic import _argsort_desc
+
+    rng = np.random.default_rng(3)
+    for x in (rng.integers(0, 5, 1000).astype(np.float64), rng.random(1000),
+              np.array([0.0, -0.0, 1e-300, 2.0, 2.0, np.inf]), np.array([1.0, -1.0, 0.5]),
+              np.zeros(0)):
+        assert np.array_equal(_argsort_desc(x), np.argsort(-x, kind="stable")), x
