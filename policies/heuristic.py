@@ -341,6 +341,8 @@ class Heuristic(Policy):
             return False
         if len(acc) < 0.5 * self._prev_accessed:
             return False  # far fewer units accessed than in the last interval: no evidence
+        if not self._change_possible(keys_of(acc), npages[acc], c.phase_jaccard):
+            return False
         order, now_ref, _ = self._hot_order(rate / (1.0 - decay), acc, fast)
         if now_ref < 0.5 * self._prev_ref:
             return False  # not as hot as the last hot set: noise, or a read that missed it
@@ -349,6 +351,28 @@ class Heuristic(Policy):
             return False  # too few units accessed now (a short or partial read): no evidence
         keys = np.sort(keys_of(now_set))
         return _jaccard_sorted(keys, prev) < c.phase_jaccard
+
+    def _change_possible(self, akeys: np.ndarray, apages: np.ndarray, pj: float) -> bool:
+        """A cheap bound before ranking by rate: whether a new hot set drawn from the units
+        accessed now (sorted keys ``akeys``, pages ``apages``) could overlap the last one
+        (``P`` units, ``prev_pages`` pages) by less than ``pj`` and still be at least half its
+        pages. With ``D`` new units in it (at most ``X``, of ``Xp`` pages: those accessed now
+        and not in the last set) and ``I`` kept ones of at most ``smax`` pages each, the
+        overlap is I / (P + D) and the pages are at most Xp + I * smax: a change needs
+        (prev_pages / 2 - Xp) / smax <= I < pj * (P + X). In a steady phase (almost every
+        accessed unit in the last hot set) it cannot, and the ranking is skipped."""
+        prev = self._prev_hot
+        pos = np.minimum(np.searchsorted(prev, akeys), len(prev) - 1)
+        kept = prev[pos] == akeys
+        new_pages = int(apages[~kept].sum(dtype=np.int64))
+        need = 0.5 * self._prev_hot_pages - new_pages  # pages the kept units must bring
+        if need <= 0:
+            return True
+        smax = int(apages[kept].max()) if kept.any() else 0
+        if smax == 0:
+            return False
+        n_new = int(np.count_nonzero(~kept))
+        return need / smax < pj * (len(prev) + n_new)
 
     @staticmethod
     def _gather(state, idx, full: bool):

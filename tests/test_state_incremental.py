@@ -147,3 +147,53 @@ def test_first_access_after_an_empty_candidate_set():
     st.update(sample([4096], [50], [SLOW]))
     st.forget(np.array([0]))
     assert list(st.hotter_than(1.0)[0]) == [0] and st.heat[0] == 50
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_phase_change_bound_changes_no_decision(seed, monkeypatch):
+    """The cheap bound that skips ranking by rate (Heuristic._change_possible) never hides a
+    phase change: with mixed unit sizes, noise and hot sets that jump, the policy decides as
+    it does without the bound."""
+    from pagetier.policies.heuristic import Heuristic
+
+    rng = np.random.default_rng(seed)
+    n = 2000
+    npages = np.where(rng.random(n) < 0.2, 512, 1).astype(np.uint16)
+    addrs = (np.cumsum(npages.astype(np.uint64)) - npages) * np.uint64(4096)
+
+    def smp(idx, rates, nodes, complete=False):
+        s = sample(addrs[idx], rates, nodes, complete=complete)
+        s.npages = npages[idx]
+        return s
+
+    def run(bound):
+        if not bound:
+            monkeypatch.setattr(Heuristic, "_change_possible", lambda self, *a: True)
+        st = PageState()
+        pol = create("heuristic")
+        r = np.random.default_rng(seed)
+        hot = r.choice(n, 120, replace=False)
+        st.begin_interval()
+        st.update(smp(np.arange(n), np.zeros(n), r.choice([FAST, SLOW], n), complete=True))
+        out = []
+        for i in range(40):
+            if r.random() < 0.15:  # a phase change, often partial
+                k = int(r.integers(20, 121))
+                hot = np.unique(np.r_[hot[k:], r.choice(n, k, replace=False)])
+            st.begin_interval()
+            hit = np.zeros(n, bool)
+            hit[hot] = r.random(len(hot)) < 0.9
+            hit |= r.random(n) < 0.02
+            idx = np.flatnonzero(hit)
+            rates = np.where(np.isin(idx, hot), 400.0, 3.0) * r.uniform(0.5, 2, len(idx))
+            st.update(smp(idx, rates, st.node[idx]))
+            d = pol.decide(st, Context(fast_budget=int(r.integers(2000, 60000)), max_moves=1 << 40))
+            out.append((d.promote.tolist(), d.demote.tolist(), d.stats["ranked_by"]))
+            st.record_moves(d.promote, FAST)
+            st.record_moves(d.demote, SLOW)
+        return out
+
+    with_bound = run(True)
+    without = run(False)
+    assert with_bound == without
+    print("intervals ranked by rate:", sum(x[2] == "rate" for x in without))
