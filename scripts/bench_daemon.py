@@ -216,6 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--skip-move", action="store_true")
     a = ap.parse_args(argv)
+    if a.rounds < 1 and not a.skip_move:
+        ap.error(f"--rounds must be at least 1, got {a.rounds} (--skip-move skips part 2)")
 
     tree = None if a.baseline == "none" else baseline_tree(a.baseline)
     print(f"1. {'dry-run ' if a.dry_run else ''}intervals, stub profiler reading as pagetier.ko, "
