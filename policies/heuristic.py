@@ -42,7 +42,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    ``thrash_window`` intervals ("frozen" in the throttle's reasons). In the interval of a
    phase change (7.) neither applies and its moves do not count as move-backs: what the last
    phase brought goes back and the new hot set comes in, in one batch. When the hot set is larger
-   than the fast capacity ("oversubscribed") exchanges are throttled the same way. Promotions
+   than the fast capacity ("oversubscribed") exchanges are throttled the same way, except in
+   the ``thrash_window`` intervals after a phase change, while the last phase's units cool. Promotions
    into free room are never throttled: they go in one large batch, up to the rate limit;
 7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
    (``warmup``, ``stable``, ``phased``, ``irregular``) and suggests an ``interval_scale`` (in
@@ -505,7 +506,13 @@ class Heuristic(Policy):
         bar = c.exchange_ratio * float(np.median(score[desired])) if len(desired) else 0.0
 
         # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
-        oversubscribed = hot_pages > min(budget, node_cap if node_cap is not None else budget)
+        # for a few intervals after a phase change the last phase's units are still warm: they
+        # make the hot set look larger than the fast node, but they are on their way out, and
+        # throttling the exchange that brings the new hot set in kept it at 55-93% for 10 s
+        # (bench live fuller)
+        after_change = self._since_change is not None and self._since_change < c.thrash_window
+        oversubscribed = not after_change and hot_pages > min(
+            budget, node_cap if node_cap is not None else budget)
         if self._throttle_until is not None and now > self._throttle_until:
             self._throttle_until = None
         if self._freeze_until is not None and now > self._freeze_until:
