@@ -43,8 +43,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    phase change (7.) neither applies and its moves do not count as move-backs: what the last
    phase brought goes back and the new hot set comes in, in one batch. When the hot set is larger
    than the fast capacity ("oversubscribed") exchanges are throttled the same way, except in
-   the ``thrash_window`` intervals after a phase change, while the last phase's units cool. Promotions
-   into free room are never throttled: they go in one large batch, up to the rate limit;
+   the ``thrash_window`` intervals after a phase change, while the last phase's units cool.
+   Promotions into free room are never throttled: they go in one large batch, up to the rate
+   limit;
 7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
    (``warmup``, ``stable``, ``phased``, ``irregular``) and suggests an ``interval_scale`` (in
    stats only: the daemon keeps its ``--interval``). A
@@ -345,13 +346,16 @@ class Heuristic(Policy):
         if not self._change_possible(keys_of(acc), npages[acc], c.phase_jaccard):
             return False
         order, now_ref, _ = self._hot_order(rate / (1.0 - decay), acc, fast)
-        if now_ref < 0.5 * self._prev_ref:
-            return False  # not as hot as the last hot set: noise, or a read that missed it
         now_set = fill_budget(order, npages, cap)
-        if int(npages[now_set].sum()) < 0.5 * self._prev_hot_pages:
-            return False  # too few units accessed now (a short or partial read): no evidence
+        if not self._like_last(now_ref, int(npages[now_set].sum())):
+            return False  # noise, or a short or partial read that missed the hot set
         keys = np.sort(keys_of(now_set))
         return _jaccard_sorted(keys, prev) < c.phase_jaccard
+
+    def _like_last(self, ref: float, pages: int) -> bool:
+        """Whether a hot set of reference heat ``ref`` and ``pages`` pages is at least half as
+        hot and half as large as the last one: only such a set can be a new phase."""
+        return ref >= 0.5 * self._prev_ref and pages >= 0.5 * self._prev_hot_pages
 
     def _change_possible(self, akeys: np.ndarray, apages: np.ndarray, pj: float) -> bool:
         """A cheap bound before ranking by rate: whether a new hot set drawn from the units
@@ -551,9 +555,8 @@ class Heuristic(Policy):
         # a new hot set is a phase change only when it is about as hot and as large as the
         # last one: a read that missed most accesses (a loaded host) leaves a few lukewarm
         # units on top, and acting on them as a phase change would bypass the throttle
-        credible = (ref >= 0.5 * self._prev_ref
-                    and int(npages[desired].sum()) >= 0.5 * self._prev_hot_pages)
-        pattern, jaccard, change = self._classify(keys, credible)
+        pattern, jaccard, change = self._classify(
+            keys, self._like_last(ref, int(npages[desired].sum())))
         if seen_now and not change:
             change = True
             pattern = "phased"
