@@ -197,3 +197,27 @@ def test_phase_change_bound_changes_no_decision(seed, monkeypatch):
     without = run(False)
     assert with_bound == without
     print("intervals ranked by rate:", sum(x[2] == "rate" for x in without))
+
+
+def brute_coldest(st, node):
+    on = np.flatnonzero(st.node == node)
+    return on[np.lexsort((on, st.heat[on]))]
+
+
+def test_coldest_stays_exact_when_the_pool_key_unit_is_forgotten(monkeypatch):
+    """The pool's key (the first unit left out) forgotten with units before it: the key moves
+    to where the unit after it now is, so a tie of its heat that joins the node later lands on
+    the right side of it."""
+    monkeypatch.setattr(state_mod, "POOL_MIN", 4)
+    st = PageState()
+    st.begin_interval()
+    nodes = [FAST] * 8
+    nodes[6] = SLOW
+    st.update(sample(np.arange(8) * 4096, np.ones(8), nodes, complete=True))  # all heat 1
+    got, _ = st.coldest(FAST, 1)  # a pool of units 0-3; the key: unit 4
+    assert list(got) == [0]
+    st.forget(np.array([0, 1, 2, 4]))  # three pool members and the key: 3 5 6 7 are now 0 1 2 3
+    st.record_moves(np.array([2]), FAST)  # (once unit 6) joins the fast node: after unit 1
+    for k in (1, 2, 3, 4):
+        got, _ = st.coldest(FAST, k)
+        assert list(got) == list(brute_coldest(st, FAST)[:len(got)]) and len(got) >= k, k

@@ -378,13 +378,15 @@ class PageState:
                 pool[0] = union(pool[0], j)
                 pool[3] = None
 
-    def _pool_remap(self, fn) -> None:
+    def _pool_remap(self, fn, key_fn) -> None:
+        """Pools' members through ``fn`` and their keys' indices through ``key_fn`` (a key
+        unit that was deleted becomes the index of the unit after it: the same position in the
+        (heat, index) order)."""
         for pool in self._pools.values():
             pool[0] = fn(pool[0])
             pool[3] = None
             if pool[2] < 1 << 62:
-                pool[2] = int(fn(np.array([pool[2]], np.int64))[0]) if len(
-                    fn(np.array([pool[2]], np.int64))) else pool[2]
+                pool[2] = int(key_fn(pool[2]))
 
     # ------------------------------------------------------------------ intervals
     def begin_interval(self) -> None:
@@ -529,7 +531,8 @@ class PageState:
             hot = rows["heat"] * np.float32(self.scale) >= self._cand_floor
             self._out += float(rows["heat"][~hot].sum(dtype=np.float64))
             self._cand = union(c, new_idx[hot])
-        self._pool_remap(lambda i: _remap_insert(i, pos))
+        self._pool_remap(lambda i: _remap_insert(i, pos),
+                         lambda ti: ti + np.searchsorted(pos, ti, side="right"))
         self._account(new_idx, 1)
         self._pool_join(new_idx)
 
@@ -573,7 +576,8 @@ class PageState:
             self._cand = _remap_delete(c, gone)
         if self._touched is not None:
             self._touched = _remap_delete(self._touched, gone)
-        self._pool_remap(lambda i: _remap_delete(i, gone))
+        self._pool_remap(lambda i: _remap_delete(i, gone),
+                         lambda ti: ti - np.searchsorted(gone, ti))
         keep = np.ones(len(self._a), bool)
         keep[gone] = False
         self._a = self._a[keep]
