@@ -35,7 +35,9 @@ One interval (:meth:`Daemon.step`):
 The first interval ends as soon as the profiler has its first frequency estimate of every
 target (pagetier.ko: the first scan whose probes measured the units accessed since attach; two
 intervals at most), or one interval after the start with a profiler that gives none: a
-decision needs counts to rest on.
+decision needs counts to rest on. The next ones come an interval apart, each moved to just after
+the end of the profiler's sampling period nearest to it (pagetier.ko: a scan and its probes;
+half a period at most), so that every read carries the newest estimates.
 Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
 status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
 policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
@@ -89,6 +91,7 @@ THROUGHPUT_HEADROOM = 1.25
 # counts against the budget) and those unmapped (absent from it: forgotten; a move that finds
 # a page gone forgets it sooner).
 FULL_READ_EVERY = 16
+PERIOD_POLL_S = 0.02  # how often the wait for the profiler's period end looks (an ioctl a target)
 
 
 def create_profiler(cfg):
@@ -216,9 +219,9 @@ class Daemon:
     # ------------------------------------------------------------------ one interval
     def _max_count(self, elapsed: float) -> int | None:
         """The scans a read ``elapsed`` seconds after the last one can cover, for a profiler
-        that counts one access per unit per scan (kmod: ``node_lag_s`` is its scan period);
+        that counts one access per unit per scan (kmod: ``period_s`` is its scan period);
         None when unknown. Without a frequency estimate counts are clipped to it."""
-        period = float(getattr(self.profiler, "node_lag_s", 0.0))
+        period = float(getattr(self.profiler, "period_s", 0.0))
         if period <= 0:
             return None
         return max(1, int(round(elapsed / period)))
@@ -434,6 +437,39 @@ class Daemon:
             if self.child is not None and self.child.poll() is not None:
                 return
 
+    def _wait_next_read(self, t: float, deadline: float | None) -> None:
+        """Wait for the next interval, due ``cfg.interval`` after ``t`` (this one's start).
+
+        With a profiler whose estimates come at the end of each sampling period (pagetier.ko:
+        a scan, then its frequency probes), the interval ends as soon as a period has ended for
+        every target within half a period (half an interval, if shorter) of that time, and at
+        the end of that window otherwise: reads follow the profiler's periods. At a random
+        point of a period, a read would often come just before a scan's probes end, and its
+        estimates would be a period old (a new hot set promoted one interval later)."""
+        until = t + self.cfg.interval
+        period = float(getattr(self.profiler, "period_s", 0.0))
+        half = min(period, self.cfg.interval) / 2
+        periods = getattr(self.profiler, "periods", None)
+        pids = sorted(self.targets)
+        if half <= 0 or periods is None or not pids:
+            self._wait(until if deadline is None else min(until, deadline))
+            return
+        lo, hi = until - half, until + half
+        if deadline is not None:
+            lo, hi = min(lo, deadline), min(hi, deadline)
+        self._wait(lo)
+        base = {pid: periods(pid) for pid in pids}
+        if None in base.values():  # no periods, or a target gone: read at the due time
+            self._wait(min(until, hi))
+            return
+        while self.stop_reason is None and self._signal is None:
+            now = self.clock.monotonic()
+            if now >= hi or (self.child is not None and self.child.poll() is not None):
+                return
+            if all(periods(pid) != base[pid] for pid in pids):  # None: gone since
+                return
+            self._wait(min(hi, now + PERIOD_POLL_S))
+
     # ------------------------------------------------------------------ control socket
     def open_control(self) -> None:
         """Listen on the control socket (a warning, not an error, when that is impossible)."""
@@ -567,10 +603,7 @@ class Daemon:
                 if deadline is not None and self.clock.monotonic() >= deadline:
                     self.stop_reason = f"--duration {duration:g} s reached"
                     break
-                until = t + self.cfg.interval
-                if deadline is not None:
-                    until = min(until, deadline)
-                self._wait(until)
+                self._wait_next_read(t, deadline)
             log.info("stopping: %s", self.stop_reason)
             report.log_top_allocations()
         finally:

@@ -57,6 +57,10 @@ class Profiler(ABC):
     # How old a Sample's node may be (the backend observes nodes when it scans); the daemon
     # keeps its own record of a unit it moved for that long.
     node_lag_s = 0.0
+    # A backend whose estimates come at the end of each sampling period (kmod: a scan and its
+    # frequency probes): that period in seconds (0: none). The daemon reads right after a
+    # period ends (see ``periods``), so that its reads carry the newest estimates.
+    period_s = 0.0
 
     @classmethod
     def probe(cls) -> None:
@@ -74,6 +78,11 @@ class Profiler(ABC):
 
     def stats(self, pid: int) -> dict:
         return {}
+
+    def periods(self, pid: int) -> int | None:
+        """How many sampling periods have ended for ``pid`` (a read right after one carries its
+        estimates); None when the backend has no periods or cannot say (the target is gone)."""
+        return None
 
     def close(self) -> None:
         """Detach from every pid in ``self.pids``; safe to call twice. Backends that hold more

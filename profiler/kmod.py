@@ -225,7 +225,7 @@ class KmodProfiler(Profiler):
         self.has_freq = self.dev.version()[:2] >= FREQ_SINCE
         self.pids: set[int] = set()
         period = self.scan_period_ms or int((SYSFS / "default_scan_period_ms").read_text())
-        self.node_lag_s = period / 1000.0
+        self.node_lag_s = self.period_s = period / 1000.0
 
     @classmethod
     def probe(cls) -> None:
@@ -287,6 +287,17 @@ class KmodProfiler(Profiler):
 
     def stats(self, pid: int) -> dict:
         return self.dev.stats(pid)
+
+    def periods(self, pid: int) -> int | None:
+        """Scan periods ended for ``pid``: whole passes (``scans``) and periods that stopped at
+        the scan budget (``scan_resumes``); either ends with its probes. None once it is gone."""
+        try:
+            st = self.dev.stats(pid)
+        except KmodError as e:
+            if e.errno != errno.ESRCH:
+                raise
+            return None
+        return st["scans"] + st.get("scan_resumes", 0)
 
     def prepare_move(self, pid: int, addrs: np.ndarray) -> None:
         """Before the daemon moves units: pages fault mode left PROT_NONE cannot be moved by

@@ -351,6 +351,35 @@ def test_first_interval_after_one_interval_of_counts(tmp_path):
     assert d.stop_reason == "--duration 0.5 s reached"
 
 
+@pytest.mark.parametrize("stalled", [False, True])
+def test_reads_follow_the_profilers_periods(tmp_path, stalled):
+    """With a profiler whose estimates come at the end of each sampling period (pagetier.ko's
+    scans), each interval after the first ends just after a period ends, within half a period
+    of when it was due; when no period ends (a stalled profiler), half a period late."""
+    prof = StubProfiler(units=256, hot=16)
+    prof.period_s = 0.5
+    d, clock = run_for(tmp_path, interval=1.0, duration=6.0, prof=prof)
+    ends = 0.13 + 0.5 * np.arange(20)  # the periods end at these times after the start
+    prof.periods = lambda pid: 0 if stalled else int((ends <= clock.monotonic() - d._t0).sum())
+    steps = []
+    orig = d.step
+
+    def step(boundary=False):
+        steps.append(clock.monotonic() - d._t0)
+        return orig(boundary)
+
+    d.step = step
+    assert d.run() == 0
+    later = np.array(steps[1:-1])  # the last: the deadline
+    assert len(later) >= 3
+    assert np.all(np.diff(steps[:-1]) >= 0.75 - 1e-9) and np.all(np.diff(steps[:-1]) <= 1.25 + 1e-9)
+    if stalled:
+        assert np.allclose(np.diff(steps[:-1]), 1.25)
+    else:
+        since = later - ends[np.searchsorted(ends, later + 1e-9) - 1]
+        assert np.all(since <= 0.02 + 1e-9), since
+
+
 def test_first_decision_when_the_profiler_has_its_estimate(tmp_path):
     """With a profiler that says when its first frequency estimate is in (pagetier.ko), the
     first decision comes once it is, not a fixed interval after the start: here the interval
