@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pagetier.core.registry import registrar
 from pagetier.errors import ConfigError
 
 POLICIES: dict[str, type["Policy"]] = {}
@@ -31,13 +32,7 @@ _POLICY_MODULES = {
 }
 
 
-def register(name: str):
-    def deco(cls):
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-
-    return deco
+register = registrar(POLICIES)  # @register("name") on a class
 
 
 def known() -> list[str]:

@@ -16,6 +16,7 @@ import numpy as np
 # backends import them from here
 from pagetier.core.sample import Sample  # noqa: F401
 from pagetier.core.units import HUGE_PAGES, HUGE_SIZE, PAGE_SIZE  # noqa: F401
+from pagetier.core.registry import registrar
 from pagetier.errors import ConfigError, PagetierError
 
 # /proc/kpageflags bits (include/uapi/linux/kernel-page-flags.h)
@@ -29,13 +30,7 @@ _BACKEND_MODULES = {"kmod": "pagetier.profiler.kmod", "stub": "pagetier.profiler
                     "replay": "pagetier.profiler.replay"}
 
 
-def register(name: str):
-    def deco(cls):
-        cls.name = name
-        PROFILERS[name] = cls
-        return cls
-
-    return deco
+register = registrar(PROFILERS)  # @register("name") on a class
 
 
 def create(name: str, **options) -> "Profiler":

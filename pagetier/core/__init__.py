@@ -1,5 +1,5 @@
 """The core every other part of pagetier builds on: page units and samples, the per-unit state,
-the move planner, and the one move_pages wrapper.
+the move planner, the one move_pages wrapper, and the registries of pluggable classes.
 
 Layers (tests/test_layering.py checks them with import-linter; the contract is in
 pyproject.toml), each importing only the ones below it:
