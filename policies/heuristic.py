@@ -19,7 +19,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    fast units, those outside the hot set first, but only for a unit measurably hotter:
    promoted heat > victim heat * (1 + ``margin``) and at least ``gap_ratio`` times the
    reference heat above it (two noise units never swap), and itself at least
-   ``exchange_ratio`` times the median heat of the hot set. Colder units are warm: they fill
+   ``exchange_ratio`` times the median heat of the hot set, both now and before this
+   interval's read when it was warm already (``sustained_exchange``: one estimate that jumped
+   is not a hot unit; a unit cold before is not held back). Colder units are warm: they fill
    free room but never push a resident out (with noise on every huge page, the warm units'
    estimates jump from one interval to the next and they kept trading the spare budget among
    themselves; the reference heat falls among them when their share of all the heat is
@@ -137,6 +139,7 @@ def plan_moves(
     margin: float = 0.0,
     gap: float = 0.0,
     bar: float = 0.0,
+    bar_rank: np.ndarray | None = None,
     n_room: int | None = None,
     passes: int = 4,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -149,7 +152,9 @@ def plan_moves(
     max_moves: pages that may move in all; n_room: how many leading victims may be evicted to
     make room for a promotion (default all; the rest serve only ``must``).
     A promotion that needs evictions is taken only if its rank exceeds every evicted victim's
-    rank times ``1 + margin`` and by at least ``gap``, and is at least ``bar``. Promotions are taken in order; a candidate that does not fit is
+    rank times ``1 + margin`` and by at least ``gap``, and is at least ``bar`` (compared with
+    ``bar_rank``, the candidates' values for that test, when given: promo_rank's order, not
+    necessarily its values). Promotions are taken in order; a candidate that does not fit is
     skipped and the next ones are tried, up to ``passes`` times.
 
     Returns (promote, demote) unit indices. Guarantees: demoted + promoted pages <=
@@ -193,7 +198,8 @@ def plan_moves(
         if evicts.any():
             vm = vmax[np.clip(jc - j0 - 1, 0, None)] if len(vmax) else np.full(len(jc), np.inf)
             pr = promo_rank[cand].astype(np.float64)
-            ok &= ~evicts | ((pr > vm) & (pr >= bar))
+            br = pr if bar_rank is None else bar_rank[cand].astype(np.float64)
+            ok &= ~evicts | ((pr > vm) & (br >= bar))
         k = len(ok) if ok.all() else int(np.argmin(ok))
         if k:
             taken.append(promo[cand[:k]])
@@ -244,6 +250,7 @@ class Heuristic(Policy):
         margin: float = 0.25  # a swap needs promoted heat > victim heat * (1 + margin)...
         gap_ratio: float = 0.1  # ...and promoted - victim heat >= gap_ratio * reference heat
         exchange_ratio: float = 0.25  # ...and promoted heat >= exchange_ratio * hot set's median
+        sustained_exchange: bool = True  # ...now and before this interval's read
         noise_ratio: float = 0.05  # colder than noise_ratio * reference heat: noise, not promoted
         ref_mass: float = 0.9  # the reference heat: the coldest unit of those carrying this share
         thrash_window: int = 4  # a move within this many intervals of the last is a move-back
@@ -508,6 +515,18 @@ class Heuristic(Policy):
         # a promotion that evicts a resident must be hot, not merely warm: at least
         # exchange_ratio times the hot set's median heat
         bar = c.exchange_ratio * float(np.median(score[desired])) if len(desired) else 0.0
+        # ...and a warm unit must have been before this interval's read: its heat then,
+        # (heat - rate) / decay for a steady unit, at least the bar too. One estimate above the
+        # bar is not a hot unit: with noise on every huge page a warm unit's estimate now and
+        # then jumps 4-16x (a probe window hit by chance), and each jump exchanged it for a
+        # resident (bench live noise1000: a 2 MiB exchange every interval or two). A unit cold
+        # before (heat under min_heat) is not held back: a new hot unit evicts at once (holding
+        # those back too cost bench sim 3 more losses, 4% on hotcold-phased); a phase change
+        # ranks by rates instead
+        steady = None
+        if c.sustained_exchange and rate is not None and not seen_now and decay > 0:
+            before = np.maximum(score - rate, 0.0)
+            steady = np.where(before >= c.min_heat, np.minimum(score, before / decay), score)
 
         # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
         # for a few intervals after a phase change the last phase's units are still warm: they
@@ -539,6 +558,7 @@ class Heuristic(Policy):
                 npages, promo, score[promo], fidx, score[fidx],
                 used=used, cap=cap_high, must=must, max_moves=max_moves,
                 margin=margin, gap=gap, bar=bar, n_room=n_room,
+                bar_rank=None if steady is None else steady[promo],
             )
             # a move-back: a unit moved within thrash_window moved again
             back = np.concatenate([p[within[p]], d[within[d]]])
