@@ -28,9 +28,9 @@ and ``damos`` (kernel_tiering.DamosTiering). One that cannot run here is listed 
 Measured each second: the workload's own report of the share of its hot part on the fast node
 and of its accesses served there; where its pages are (move_pages queries of one page in
 TRACK_STRIDE), hence MB on the fast node, pages moved and ping-pongs (a page moved back to the
-node it left within PING_PONG_S), scaled up from that sample; /proc/vmstat counters (all migrations in the guest); CPU time of whatever decides
-and moves (the daemon process, kswapd, the kdamonds) and of pagetier.ko's scans. live_table.py
-turns it into the tables.
+node it left within PING_PONG_S), scaled up from that sample; /proc/vmstat counters (all
+migrations in the guest); CPU time of whatever decides and moves (the daemon process, kswapd,
+the kdamonds) and of pagetier.ko's scans. live_table.py turns it into the tables.
 """
 from __future__ import annotations
 
@@ -593,8 +593,9 @@ def report(doc: dict, command_line: str) -> str:
         "the phases that got there; reach: how many did); held %: mean share of the hot set on "
         "the fast node over the last third of each phase; MB moved: pgmigrate_success of the "
         f"guest during the run; x hot: MB moved / hot set MB; pp: workload pages moved back "
-        f"within {PING_PONG_S:.0f} s (4 KiB pages); mgr s: CPU s of the mover; x kern: ratio "
-        "to kernel tiering in the same scenario; -kern: held minus kernel's, in points; acc/s x: "
+        f"within {PING_PONG_S:.0f} s (4 KiB pages, from one in {TRACK_STRIDE}); mgr s: CPU s of "
+        "the mover; x kern: ratio to kernel tiering in the same scenario; -kern: held minus "
+        "kernel's, in points; acc/s x: "
         "workload speed vs kernel tiering",
         "",
         live_table.format_table(rows),
