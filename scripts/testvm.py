@@ -171,6 +171,10 @@ def run(
     return again
 
 
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def _tail(text: str, n: int) -> str:
     return "\n".join(text.splitlines()[-n:]) or "(empty)"
 
@@ -227,6 +231,12 @@ def _boot(vng, release, kernel, command, fast_mb, slow_mb, cpus, kvm, hmat, time
 
         watchdog = threading.Timer(timeout, kill_all)  # a hung guest prints nothing: kill it
         watchdog.start()
+        # SIGTERM (a killed test run) would end this process without the cleanup below and
+        # leave the VM running on its own: make it an exit that runs it
+        old_term = None
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                old_term = signal.signal(signal.SIGTERM, _exit_on_signal)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -240,6 +250,8 @@ def _boot(vng, release, kernel, command, fast_mb, slow_mb, cpus, kvm, hmat, time
             if proc.poll() is None:
                 kill_all()
                 proc.wait()
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
     if time.monotonic() - t0 >= timeout:
         lines.append(f"\n[pagetier vm: timed out after {timeout:.0f} s]\n")
     elapsed = time.monotonic() - t0

@@ -93,3 +93,46 @@ def test_guest_that_dies_while_booting_is_booted_again(built):
     assert "booting again" in res.output
     assert "second boot ran me" in res.output
     assert res.ok, res.reports
+
+
+def test_a_terminated_run_leaves_no_vm_running(tmp_path):
+    """SIGTERM to a process running a VM (a test run killed) kills the VM too: vng and QEMU
+    are in a session of their own and would run on. A stand-in for vng starts a child that
+    sleeps, as QEMU would, and the child must be gone after the SIGTERM."""
+    import os
+    import signal
+    import sys
+    import textwrap
+
+    pids = tmp_path / "pids"
+    fake = tmp_path / "vng"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        sleep 600 &
+        echo $! > {pids}
+        echo booting
+        wait
+        """))
+    fake.chmod(0o755)
+    runner = tmp_path / "run.py"
+    runner.write_text(textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {str(vm.REPO / "scripts")!r})
+        import testvm
+        testvm._boot({str(fake)!r}, "x", "x", "true", 1, 1, 1, False, False, 600, True, None)
+        """))
+    proc = subprocess.Popen([sys.executable, str(runner)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "booting"
+    child = int(pids.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the stand-in VM survived the SIGTERM")
