@@ -35,9 +35,9 @@ One interval (:meth:`Daemon.step`):
 The first interval ends as soon as the profiler has its first frequency estimate of every
 target (pagetier.ko: the first scan whose probes measured the units accessed since attach; two
 intervals at most), or one interval after the start with a profiler that gives none: a
-decision needs counts to rest on. The next ones come an interval apart, each moved to just after
-the end of the profiler's sampling period nearest to it (pagetier.ko: a scan and its probes;
-half a period at most), so that every read carries the newest estimates.
+decision needs counts to rest on. The next ones come an interval apart, each ending just after
+the first end of one of the profiler's sampling periods (pagetier.ko: a scan and its probes)
+within half a period of when it is due, so that every read carries the newest estimates.
 Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
 status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
 policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
