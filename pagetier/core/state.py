@@ -378,10 +378,12 @@ class PageState:
                 pool[0] = union(pool[0], j)
                 pool[3] = None
 
-    def _pool_remap(self, fn, key_fn) -> None:
-        """Pools' members through ``fn`` and their keys' indices through ``key_fn`` (a key
-        unit that was deleted becomes the index of the unit after it: the same position in the
-        (heat, index) order)."""
+    def _pool_remap(self, fn, key_fn=None) -> None:
+        """Pools' members through ``fn``, their keys' indices through ``key_fn`` (default
+        ``fn``, for a remap that drops nothing; after deletions a key unit that was deleted
+        must become the index of the unit after it: the same place in the (heat, index)
+        order)."""
+        key_fn = key_fn or (lambda ti: fn(np.array([ti], np.int64))[0])
         for pool in self._pools.values():
             pool[0] = fn(pool[0])
             pool[3] = None
@@ -531,8 +533,7 @@ class PageState:
             hot = rows["heat"] * np.float32(self.scale) >= self._cand_floor
             self._out += float(rows["heat"][~hot].sum(dtype=np.float64))
             self._cand = union(c, new_idx[hot])
-        self._pool_remap(lambda i: _remap_insert(i, pos),
-                         lambda ti: ti + np.searchsorted(pos, ti, side="right"))
+        self._pool_remap(lambda i: _remap_insert(i, pos))
         self._account(new_idx, 1)
         self._pool_join(new_idx)
 
