@@ -216,13 +216,38 @@ def plan_moves(
 
 
 def _argsort_desc(x: np.ndarray) -> np.ndarray:
-    """``np.argsort(-x, kind="stable")`` (largest first, ties in index order), about twice as
-    fast for non-negative float64 ``x``: the bit patterns of such floats order as their values,
-    and numpy sorts 64-bit integers faster than floats."""
+    """``np.argsort(-x, kind="stable")`` (largest first, ties in index order), several times
+    faster for non-negative float64 ``x``.
+
+    The bit patterns of such floats order as their values. Each value's pattern, with its low
+    bits replaced by its index, makes one integer key, and a plain sort of those keys (no
+    argsort) orders by value, then index. Values that differ only in the bits replaced (within
+    2**b units in the last place, for b index bits) tie in the key: their runs are put in exact
+    order afterwards (rare: only near-equal values)."""
     x = np.asarray(x, np.float64) + 0.0  # a copy, with -0.0 made +0.0
-    if len(x) and not bool((x >= 0).all()):  # negative or NaN
+    n = len(x)
+    if n and not bool((x >= 0).all()):  # negative or NaN
         return np.argsort(-x, kind="stable")
-    return np.argsort(~x.view(np.uint64), kind="stable")
+    b = max(1, (n - 1).bit_length())
+    if n < 2 or b > 32:
+        return np.argsort(~x.view(np.uint64), kind="stable")
+    d = ~x.view(np.uint64)  # descending as unsigned
+    low = np.uint64((1 << b) - 1)
+    key = np.sort((d & ~low) | np.arange(n, dtype=np.uint64))
+    order = (key & low).astype(np.int64)
+    full = d[order]
+    # adjacent keys that tie without their index bits but not in full value are out of order
+    head = key >> np.uint64(b)
+    bad = np.flatnonzero((head[1:] == head[:-1]) & (full[1:] != full[:-1]))
+    if len(bad):
+        # the runs of equal heads holding such a pair, sorted again by (run, value, index)
+        run = np.cumsum(np.r_[0, head[1:] != head[:-1]])
+        redo = np.zeros(int(run[-1]) + 1, bool)
+        redo[run[bad]] = True
+        pos = np.flatnonzero(redo[run])
+        sub = order[pos]
+        order[pos] = sub[np.lexsort((sub, full[pos], run[pos]))]
+    return order
 
 
 def _jaccard_sorted(a: np.ndarray, b: np.ndarray) -> float:
@@ -454,12 +479,14 @@ class Heuristic(Policy):
         order, ref, floor = self._hot_order(score, np.flatnonzero(known & (score > 0)), fast, rest)
         hot_pages = int(npages[order].sum())
         desired = fill_budget(order, npages, cap_low)
+        desired_pages = int(npages[desired].sum())
+        by_index = np.sort(desired)  # the hot set in U's order (keys ascending)
         must = used - cap_b_low if used > cap_b_high else 0
         max_moves = max(0, int(ctx.max_moves))
 
         if incremental:
             # the fast node's coldest units: enough that the exchanges never reach past them
-            hot_ids = U[desired]
+            hs = U[by_index]
             promo_pages = int(npages[desired][~fast[desired]].sum())
             need = min(max_moves, must + promo_pages) + 1
             n = need + 64
@@ -467,7 +494,6 @@ class Heuristic(Policy):
                 pool, complete = state.coldest(ctx.fast_node, n)
                 lm = state.last_move[pool].astype(np.int64)
                 within_p = (lm != NEVER) & (now - lm <= c.thrash_window)
-                hs = np.sort(hot_ids)
                 hp = np.minimum(np.searchsorted(hs, pool), max(0, len(hs) - 1))
                 free = ~within_p & ~((hs[hp] == pool) if len(hs) else np.zeros(len(pool), bool))
                 if seen_now:
@@ -479,7 +505,7 @@ class Heuristic(Policy):
                 old = U
                 U = union(U, np.sort(pool))  # the pool comes coldest first
                 remap = np.searchsorted(U, old)
-                order, desired = remap[order], remap[desired]
+                order, desired, by_index = remap[order], remap[desired], remap[by_index]
                 # the pool's new units gathered, the rest moved to their new places
                 added = np.ones(len(U), bool)
                 added[remap] = False
@@ -571,12 +597,12 @@ class Heuristic(Policy):
         if oversubscribed:
             reasons.append("oversubscribed")
         # 6. access pattern from hot-set overlap (before the plan: a phase change is acted on)
-        keys = np.sort(keys_of(desired))
+        keys = keys_of(by_index) if incremental else np.sort(keys_of(desired))
         # a new hot set is a phase change only when it is about as hot and as large as the
         # last one: a read that missed most accesses (a loaded host) leaves a few lukewarm
         # units on top, and acting on them as a phase change would bypass the throttle
         pattern, jaccard, change = self._classify(
-            keys, self._like_last(ref, int(npages[desired].sum())))
+            keys, self._like_last(ref, desired_pages))
         if seen_now and not change:
             change = True
             pattern = "phased"
@@ -618,7 +644,7 @@ class Heuristic(Policy):
             else:
                 limit = "node" if node_bound else "budget"
 
-        self._prev_hot_pages = int(npages[desired].sum())
+        self._prev_hot_pages = desired_pages
         self._prev_ref = ref
         if rate is not None:
             self._prev_accessed = int(np.count_nonzero(known & (rate > 0)))
@@ -641,7 +667,7 @@ class Heuristic(Policy):
             "reference_heat": round(ref, 3),
             "noise_floor": round(floor, 3),
             "hot_pages": hot_pages,
-            "hot_set_pages": int(npages[desired].sum()),
+            "hot_set_pages": desired_pages,
             "fast_capacity": node_cap,
             "fast_used": used,
             "fast_after": used + promoted - demoted,

@@ -221,3 +221,49 @@ def test_coldest_stays_exact_when_the_pool_key_unit_is_forgotten(monkeypatch):
     for k in (1, 2, 3, 4):
         got, _ = st.coldest(FAST, k)
         assert list(got) == list(brute_coldest(st, FAST)[:len(got)]) and len(got) >= k, k
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_merge_shortcuts_equal_the_plain_lookup(seed):
+    """Two shortcuts of PageState.update: looking units up among the last interval's accessed
+    ones first, and merging a complete read of unchanged units on a slice. A state that takes
+    neither (every unit looked up) must end with the same rows, interval after interval, with
+    units added, unmapped, re-noded and moved, for two targets."""
+    rng = np.random.default_rng(seed)
+    universe = 0x7F0000000000 + np.arange(6000, dtype=np.uint64) * 4096
+    fast, plain = PageState(), PageState()
+
+    def no_recent_no_slice(st):
+        forget_absent = st._forget_absent
+
+        def forget_then_look_up(t, addr):
+            forget_absent(t, addr)
+            return None
+        st._forget_absent = forget_then_look_up
+
+    no_recent_no_slice(plain)
+    mapped = {pid: np.sort(rng.choice(len(universe), 3000, replace=False)) for pid in (1, 2)}
+    for i in range(40):
+        for st in (fast, plain):
+            st.begin_interval()
+        plain._recent = None
+        for pid in (1, 2):
+            if i % 7 == 3:  # some units unmapped, some mapped
+                m = mapped[pid]
+                m = m[rng.random(len(m)) > 0.02]
+                mapped[pid] = np.union1d(m, rng.choice(len(universe), 50))
+            m = mapped[pid]
+            complete = i % 5 == 0
+            hot = m[: len(m) // 2] if i < 20 else m[len(m) // 2:]  # a phase change
+            acc = np.union1d(hot[rng.random(len(hot)) < 0.9], rng.choice(m, 100))
+            rows = m if complete else acc
+            rate = np.where(np.isin(rows, acc), rng.exponential(50, len(rows)), 0.0)
+            node = np.where(rng.random(len(rows)) < 0.01, FAST, SLOW)
+            s = sample(universe[rows], rate, node, pid=pid, complete=complete)
+            for st in (fast, plain):
+                st.update(s, trust_moves=2)
+        movers = np.sort(rng.choice(len(fast), 40, replace=False))
+        for st in (fast, plain):
+            st.record_moves(movers, FAST)
+        assert np.array_equal(fast.a, plain.a), i
+        assert np.array_equal(fast.touched(), plain.touched()), i

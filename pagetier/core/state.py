@@ -57,7 +57,7 @@ from pagetier.core.sample import Sample
 NEVER = np.iinfo(np.int32).min
 
 # flags
-F_PRESENT = 1  # seen in the target's last complete sample
+F_PRESENT = 1  # set on every unit: a unit missing from a complete sample is forgotten
 F_STUCK = 2  # its last move failed for good (e.g. -EACCES: a page shared with another process)
 F_UNMOVABLE = 4  # a move failed for good and none has succeeded since: outside the fast budget
 
@@ -160,6 +160,7 @@ class PageState:
         self._a = value
         self._k = None  # sorted keys, or None
         self._touched = None  # sorted indices merged in this interval; None: unknown
+        self._recent = None  # the last interval's touched units: where to look up first
         self._node_pages = None  # pages per node + 1, and the unmovable ones, or None
         self._unmov_pages = None
         self._cand = None  # sorted indices: every other unit's heat is below _cand_floor
@@ -417,6 +418,7 @@ class PageState:
         else:
             a["count"][t] = 0
             a["rate"][t] = 0
+        self._recent = t
         self._touched = np.zeros(0, np.int64)
 
     def update(self, sample: Sample, trust_moves: int = 0, interval_s: float = 1.0,
@@ -453,24 +455,20 @@ class PageState:
             clipped = np.minimum(count, np.uint32(max(1, int(max_count))))
             rate = (clipped / max(elapsed, 1e-6)).astype(np.float32) * weight
         else:
-            rate = pick(sample.rates(elapsed)).astype(np.float32) * weight
+            rate = np.asarray(pick(sample.rates(elapsed)), np.float32)
+            if weight != 1:
+                rate = rate * weight
         node = pick(sample.node)
         npages = pick(sample.npages)
-        keys = unit_keys(t, addr)
         if self._touched is None:
             self.touched()
 
-        same = self._forget_absent(t, keys) if sample.complete else None
-        all_keys = self.keys()
-        if same is not None:  # the target's units, exactly: no lookup
-            pos = same + np.arange(len(keys))
-            found = np.ones(len(keys), bool)
-        elif len(all_keys):
-            pos = np.searchsorted(all_keys, keys)
-            found = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == keys)
-        else:
-            pos = np.zeros(len(keys), np.int64)
-            found = np.zeros(len(keys), bool)
+        same = self._forget_absent(t, addr) if sample.complete else None
+        if same is not None:  # the target's units, exactly (the usual complete read)
+            self._merge_rows(same, count, rate, node, npages, trust_moves)
+            return
+        keys = unit_keys(t, addr)
+        pos, found = self._lookup(keys)
         a = self._a
         # existing units
         idx = pos[found]
@@ -488,18 +486,8 @@ class PageState:
                 a["npages"][ch] = f_pages[change]
                 self._account(ch, 1)
                 self._pool_join(ch)
-            if sample.complete:
-                a["flags"][idx] |= np.uint8(F_PRESENT)
             hit = (f_count > 0) | (f_rate > 0)
-            acc = idx[hit]
-            if len(acc):
-                a["count"][acc] += f_count[hit]
-                a["rate"][acc] += f_rate[hit]
-                before = a["heat"][acc]
-                a["heat"][acc] = before + f_rate[hit] / np.float32(self.scale)
-                a["last_access"][acc] = self.interval
-                self._join_candidates(acc, before)
-                self._touched = union(self._touched, acc)
+            self._add_accesses(idx[hit], f_count[hit], f_rate[hit])
         # new units
         new = ~found
         if new.any():
@@ -517,6 +505,65 @@ class PageState:
             n["flags"] = F_PRESENT
             self._insert(pos[new], n, keys[new], hit)
 
+    def _lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index of each key's unit, or where it would be inserted; whether it is there) for
+        sorted ``keys``. The units accessed in the last interval are looked up first: most of
+        an interval's accesses are to them, and searching their keys is much cheaper than
+        searching every unit's."""
+        all_keys = self.keys()
+        if not len(all_keys):
+            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+        recent = self._recent
+        if recent is None or len(recent) < 1024 or len(keys) < 1024:
+            pos = np.searchsorted(all_keys, keys)
+            found = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == keys)
+            return pos, found
+        rk = all_keys[recent]
+        p = np.minimum(np.searchsorted(rk, keys), len(rk) - 1)
+        found = rk[p] == keys
+        pos = np.empty(len(keys), np.int64)
+        pos[found] = recent[p[found]]
+        miss = np.flatnonzero(~found)
+        if len(miss):
+            mk = keys[miss]
+            mp = np.searchsorted(all_keys, mk)
+            pos[miss] = mp
+            found[miss] = (mp < len(all_keys)) & (all_keys[np.minimum(mp, len(all_keys) - 1)] == mk)
+        return pos, found
+
+    def _merge_rows(self, lo: int, count: np.ndarray, rate: np.ndarray, node: np.ndarray,
+                    npages: np.ndarray, trust_moves: int) -> None:
+        """Merge a complete sample whose units are exactly rows ``lo .. lo + len(count)``: the
+        same as :meth:`update`'s lookup path, on a slice (no index arrays of every unit)."""
+        a = self._a[lo:lo + len(count)]  # a view
+        f_node = node
+        if trust_moves > 0:
+            recent = (self.interval - a["last_move"].astype(np.int64)) < trust_moves
+            f_node = np.where(recent, a["node"], node)
+        ch = np.flatnonzero((a["node"] != f_node) | (a["npages"] != npages))
+        if len(ch):
+            idx = lo + ch
+            self._account(idx, -1)
+            self._a["node"][idx] = f_node[ch]
+            self._a["npages"][idx] = npages[ch]
+            self._account(idx, 1)
+            self._pool_join(idx)
+        hit = np.flatnonzero((count > 0) | (rate > 0))
+        self._add_accesses(lo + hit, count[hit], rate[hit])
+
+    def _add_accesses(self, acc: np.ndarray, count: np.ndarray, rate: np.ndarray) -> None:
+        """Add an interval's counts and rates to existing units ``acc`` (sorted unique)."""
+        if not len(acc):
+            return
+        a = self._a
+        a["count"][acc] += count
+        a["rate"][acc] += rate
+        before = a["heat"][acc]
+        a["heat"][acc] = before + rate / np.float32(self.scale)
+        a["last_access"][acc] = self.interval
+        self._join_candidates(acc, before)
+        self._touched = union(self._touched, acc)
+
     def _insert(self, pos: np.ndarray, rows: np.ndarray, keys: np.ndarray, hit: np.ndarray) -> None:
         """Insert ``rows`` (sorted, keys ``keys``) before old positions ``pos``."""
         if self._k is not None and len(self._k) == len(self._a):
@@ -527,6 +574,8 @@ class PageState:
         new_idx = pos + np.arange(len(pos))
         if self._touched is not None:
             self._touched = union(_remap_insert(self._touched, pos), new_idx[hit])
+        if self._recent is not None:
+            self._recent = _remap_insert(self._recent, pos)
         if self._cand is not None:
             c = _remap_insert(self._cand, pos)
             # the new units' heat is their rate: candidates if it reaches the floor
@@ -537,15 +586,16 @@ class PageState:
         self._account(new_idx, 1)
         self._pool_join(new_idx)
 
-    def _forget_absent(self, t: int, keys: np.ndarray) -> int | None:
-        """Forget target ``t``'s units whose keys are not in ``keys`` (sorted). Returns the
-        index of the target's first unit when its units are exactly ``keys``, else None."""
+    def _forget_absent(self, t: int, addr: np.ndarray) -> int | None:
+        """Forget target ``t``'s units whose addresses are not in ``addr`` (sorted). Returns
+        the index of the target's first unit when its units are exactly ``addr``, else None."""
         k = self.keys()
         lo = int(np.searchsorted(k, np.uint64(t) << np.uint64(48)))
         hi = int(np.searchsorted(k, np.uint64(t + 1) << np.uint64(48)))
-        mine = k[lo:hi]
-        if len(mine) == len(keys) and np.array_equal(mine, keys):
+        if hi - lo == len(addr) and np.array_equal(self._a["addr"][lo:hi], addr):
             return lo  # nothing unmapped, nothing new (the usual case): one comparison
+        keys = unit_keys(t, addr)
+        mine = k[lo:hi]
         if not len(keys):
             gone = np.arange(lo, hi)
         else:
@@ -577,6 +627,8 @@ class PageState:
             self._cand = _remap_delete(c, gone)
         if self._touched is not None:
             self._touched = _remap_delete(self._touched, gone)
+        if self._recent is not None:
+            self._recent = _remap_delete(self._recent, gone)
         self._pool_remap(lambda i: _remap_delete(i, gone),
                          lambda ti: ti - np.searchsorted(gone, ti))
         keep = np.ones(len(self._a), bool)
