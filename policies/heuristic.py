@@ -79,7 +79,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pagetier.core import state as core_state
-from pagetier.core.state import NEVER, union
+from pagetier.core.state import NEVER, union, union_remap
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Decision, Policy, register
 
@@ -436,10 +436,12 @@ class Heuristic(Policy):
         now = int(state.interval)
         decay = float(getattr(state, "decay", 0.5))
         incremental = c.min_heat > 0 and all(
-            hasattr(state, m) for m in ("hotter_than", "touched", "coldest", "heat_at", "keys"))
+            hasattr(state, m) for m in ("hotter_than", "in_candidates", "touched", "coldest",
+                                        "heat_at", "keys"))
         if incremental:
             cand, rest = state.hotter_than(c.min_heat)
-            U = union(cand, state.touched())
+            touched = state.touched()
+            U = union(cand, touched[~state.in_candidates(touched)])
         else:
             U, rest = np.arange(len(state)), 0.0
         keys_all = None
@@ -502,14 +504,9 @@ class Heuristic(Policy):
                     break
                 n *= 4
             if len(pool):
-                old = U
-                U = union(U, np.sort(pool))  # the pool comes coldest first
-                remap = np.searchsorted(U, old)
+                U, remap, added = union_remap(U, np.sort(pool))  # the pool comes coldest first
                 order, desired, by_index = remap[order], remap[desired], remap[by_index]
                 # the pool's new units gathered, the rest moved to their new places
-                added = np.ones(len(U), bool)
-                added[remap] = False
-                added = np.flatnonzero(added)
                 cols = []
                 for was, got in zip((heat, rate, node, npages, last_move),
                                     self._gather(state, U[added], False)):

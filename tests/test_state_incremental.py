@@ -68,6 +68,7 @@ def test_candidates_hold_every_unit_above_the_floor():
         cand, rest = st.hotter_than(1.0)
         h = st.heat.astype(np.float64)
         assert np.array_equal(cand, np.flatnonzero(h >= 1.0))
+        assert np.array_equal(st.in_candidates(np.arange(len(st))), h >= 1.0)
         assert rest == pytest.approx(h[h < 1.0].sum(), rel=1e-3, abs=1e-6)
 
 
@@ -81,7 +82,7 @@ class _Plain:
         return len(self._st)
 
     def __getattr__(self, k):
-        if k in ("hotter_than", "touched", "coldest", "heat_at", "keys"):
+        if k in ("hotter_than", "in_candidates", "touched", "coldest", "heat_at", "keys"):
             raise AttributeError(k)
         return getattr(self._st, k)
 
@@ -223,12 +224,14 @@ def test_coldest_stays_exact_when_the_pool_key_unit_is_forgotten(monkeypatch):
         assert list(got) == list(brute_coldest(st, FAST)[:len(got)]) and len(got) >= k, k
 
 
+@pytest.mark.parametrize("estimates", [True, False])
 @pytest.mark.parametrize("seed", range(3))
-def test_merge_shortcuts_equal_the_plain_lookup(seed):
+def test_merge_shortcuts_equal_the_plain_lookup(seed, estimates):
     """Two shortcuts of PageState.update: looking units up among the last interval's accessed
     ones first, and merging a complete read of unchanged units on a slice. A state that takes
     neither (every unit looked up) must end with the same rows, interval after interval, with
-    units added, unmapped, re-noded and moved, for two targets."""
+    units added, unmapped, re-noded and moved, for two targets, with frequency estimates and
+    with counts alone."""
     rng = np.random.default_rng(seed)
     universe = 0x7F0000000000 + np.arange(6000, dtype=np.uint64) * 4096
     fast, plain = PageState(), PageState()
@@ -260,10 +263,32 @@ def test_merge_shortcuts_equal_the_plain_lookup(seed):
             rate = np.where(np.isin(rows, acc), rng.exponential(50, len(rows)), 0.0)
             node = np.where(rng.random(len(rows)) < 0.01, FAST, SLOW)
             s = sample(universe[rows], rate, node, pid=pid, complete=complete)
+            if not estimates:
+                s.count = np.ceil(rate / 10).astype(np.uint32)
+                s.freq = np.zeros(0, np.float32)
             for st in (fast, plain):
-                st.update(s, trust_moves=2)
+                st.update(s, trust_moves=2, interval_s=1.0, elapsed_s=1.5 if i % 3 else 0.5,
+                          max_count=None if estimates else 3)
         movers = np.sort(rng.choice(len(fast), 40, replace=False))
         for st in (fast, plain):
             st.record_moves(movers, FAST)
+            cand, _ = st.hotter_than(5.0 if i < 30 else 2.0)  # a lower floor rebuilds the set
+            assert np.array_equal(st.in_candidates(np.arange(len(st))),
+                                  st.heat.astype(np.float64) >= (5.0 if i < 30 else 2.0)), i
         assert np.array_equal(fast.a, plain.a), i
         assert np.array_equal(fast.touched(), plain.touched()), i
+
+
+def test_union_remap_places_both_inputs():
+    from pagetier.core.state import union, union_remap
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        a = np.unique(rng.integers(0, int(rng.integers(1, 200)), int(rng.integers(0, 60))))
+        b = np.unique(rng.integers(0, int(rng.integers(1, 200)), int(rng.integers(0, 60))))
+        u, at_a, added = union_remap(a, b)
+        assert np.array_equal(u, union(a, b))
+        assert np.array_equal(u[at_a], a)
+        rest = np.ones(len(u), bool)
+        rest[at_a] = False
+        assert np.array_equal(np.flatnonzero(rest), added)

@@ -60,6 +60,7 @@ NEVER = np.iinfo(np.int32).min
 F_PRESENT = 1  # set on every unit: a unit missing from a complete sample is forgotten
 F_STUCK = 2  # its last move failed for good (e.g. -EACCES: a page shared with another process)
 F_UNMOVABLE = 4  # a move failed for good and none has succeeded since: outside the fast budget
+F_CAND = 8  # in the candidate set (see hotter_than); meaningless while there is none
 
 DTYPE = np.dtype(
     [
@@ -102,6 +103,24 @@ def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if not miss.any():
         return a
     return np.insert(a, p[miss], b[miss])
+
+
+def union_remap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`union` of sorted unique ``a`` and ``b``, with where ``a``'s elements are in it and
+    where the added ones (``b``'s missing from ``a``) are: (union, a's places, added places),
+    without searching the union for ``a``."""
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    if not len(a):
+        return b, np.zeros(0, np.int64), np.arange(len(b))
+    p = np.searchsorted(a, b)
+    miss = (p >= len(a)) | (a[np.minimum(p, len(a) - 1)] != b)
+    at = p[miss]
+    if not len(at):
+        return a, np.arange(len(a)), np.zeros(0, np.int64)
+    # a[i] moves right by the number of elements inserted before it (at <= i)
+    shift = np.cumsum(np.bincount(at, minlength=len(a) + 1)[:len(a)])
+    return np.insert(a, at, b[miss]), np.arange(len(a)) + shift, at + np.arange(len(at))
 
 
 def _prefix(order: np.ndarray, n: int, whole: bool) -> tuple[np.ndarray, bool]:
@@ -275,31 +294,43 @@ class PageState:
         complete; a lower ``x`` than the last one asked rebuilds it from every unit."""
         x = float(x)
         s = np.float32(self.scale)
+        a = self._a
         if self._cand is None or x < self._cand_floor:
-            st = self._a["heat"]
+            st = a["heat"]
             keep = st * s >= x
             self._cand = np.flatnonzero(keep)
             self._out = float(st[~keep].sum(dtype=np.float64))
+            a["flags"] &= np.uint8(~F_CAND & 0xFF)
+            a["flags"][self._cand] |= np.uint8(F_CAND)
             self._cand_floor = x
         else:
-            h = self._a["heat"][self._cand]
+            h = a["heat"][self._cand]
             keep = h * s >= x
             if not keep.all():
                 self._out += float(h[~keep].sum(dtype=np.float64))
+                a["flags"][self._cand[~keep]] &= np.uint8(~F_CAND & 0xFF)
                 self._cand = self._cand[keep]
             self._cand_floor = x
         return self._cand, max(0.0, self._out) * self.scale
+
+    def in_candidates(self, idx: np.ndarray) -> np.ndarray:
+        """Boolean: which of units ``idx`` are in the set :meth:`hotter_than` last returned
+        (a flag on each unit: no search of the set)."""
+        if self._cand is None:
+            return np.zeros(len(idx), bool)
+        return (self._a["flags"][idx] & F_CAND) != 0
 
     def _join_candidates(self, idx: np.ndarray, stored_before: np.ndarray) -> None:
         """Units ``idx`` (sorted unique) got heat: into the candidate set, their stored heat
         before (``stored_before``) off the sum of the rest."""
         if self._cand is None or not len(idx):
             return
-        c = self._cand
-        inside = _member(c, idx)
-        if (~inside).any():
-            self._out -= float(stored_before[~inside].sum(dtype=np.float64))
-            self._cand = union(c, idx[~inside])
+        new = ~self.in_candidates(idx)
+        out = idx[new]
+        if len(out):
+            self._out -= float(stored_before[new].sum(dtype=np.float64))
+            self._cand = union(self._cand, out)
+            self._a["flags"][out] |= np.uint8(F_CAND)
 
     def coldest(self, node: int, n: int) -> tuple[np.ndarray, bool]:
         """(units on ``node``, coldest first (heat, then index), at least ``n`` of them or all;
@@ -451,13 +482,18 @@ class PageState:
         count = pick(sample.count)
         elapsed = float(interval_s if elapsed_s is None else elapsed_s)
         weight = np.float32(min(1.0, max(elapsed, 1e-6) / max(float(interval_s), 1e-6)))
-        if max_count is not None and len(sample.freq) != len(sample.addr):
-            clipped = np.minimum(count, np.uint32(max(1, int(max_count))))
-            rate = (clipped / max(elapsed, 1e-6)).astype(np.float32) * weight
-        else:
-            rate = np.asarray(pick(sample.rates(elapsed)), np.float32)
-            if weight != 1:
-                rate = rate * weight
+        has_freq = len(sample.freq) == len(sample.addr)
+        freq = pick(sample.freq) if has_freq else None
+
+        def rates(sel=slice(None)):
+            """The rates of units ``sel`` (all by default), as float32."""
+            if not has_freq and max_count is not None:
+                clipped = np.minimum(count[sel], np.uint32(max(1, int(max_count))))
+                return (clipped / max(elapsed, 1e-6)).astype(np.float32) * weight
+            r = freq[sel].astype(np.float32, copy=False) if has_freq else (
+                count[sel].astype(np.float64) / max(elapsed, 1e-6)).astype(np.float32)
+            return r * weight if weight != 1 else r
+
         node = pick(sample.node)
         npages = pick(sample.npages)
         if self._touched is None:
@@ -465,8 +501,11 @@ class PageState:
 
         same = self._forget_absent(t, addr) if sample.complete else None
         if same is not None:  # the target's units, exactly (the usual complete read)
-            self._merge_rows(same, count, rate, node, npages, trust_moves)
+            # mostly cold units: rates of the accessed ones only
+            acc = np.flatnonzero((count > 0) | (freq > 0)) if has_freq else np.flatnonzero(count)
+            self._merge_rows(same, acc, count[acc], rates(acc), node, npages, trust_moves)
             return
+        rate = rates()
         keys = unit_keys(t, addr)
         pos, found = self._lookup(keys)
         a = self._a
@@ -531,25 +570,28 @@ class PageState:
             found[miss] = (mp < len(all_keys)) & (all_keys[np.minimum(mp, len(all_keys) - 1)] == mk)
         return pos, found
 
-    def _merge_rows(self, lo: int, count: np.ndarray, rate: np.ndarray, node: np.ndarray,
-                    npages: np.ndarray, trust_moves: int) -> None:
-        """Merge a complete sample whose units are exactly rows ``lo .. lo + len(count)``: the
-        same as :meth:`update`'s lookup path, on a slice (no index arrays of every unit)."""
-        a = self._a[lo:lo + len(count)]  # a view
-        f_node = node
-        if trust_moves > 0:
-            recent = (self.interval - a["last_move"].astype(np.int64)) < trust_moves
-            f_node = np.where(recent, a["node"], node)
-        ch = np.flatnonzero((a["node"] != f_node) | (a["npages"] != npages))
+    def _merge_rows(self, lo: int, acc: np.ndarray, count: np.ndarray, rate: np.ndarray,
+                    node: np.ndarray, npages: np.ndarray, trust_moves: int) -> None:
+        """Merge a complete sample whose units are exactly rows ``lo .. lo + len(node)``: the
+        same as :meth:`update`'s lookup path, on a slice (no index arrays of every unit).
+        ``acc``: the units with a count or an estimate (sorted), ``count`` and ``rate`` theirs."""
+        a = self._a[lo:lo + len(node)]  # a view
+        ch = np.flatnonzero((a["node"] != node) | (a["npages"] != npages))
+        f_node = node[ch]
+        if trust_moves > 0 and len(ch):  # moved lately: the node the daemon recorded stands
+            recent = (self.interval - a["last_move"][ch].astype(np.int64)) < trust_moves
+            f_node = np.where(recent, a["node"][ch], f_node)
+            keep = (a["node"][ch] != f_node) | (a["npages"][ch] != npages[ch])
+            ch, f_node = ch[keep], f_node[keep]
         if len(ch):
             idx = lo + ch
             self._account(idx, -1)
-            self._a["node"][idx] = f_node[ch]
+            self._a["node"][idx] = f_node
             self._a["npages"][idx] = npages[ch]
             self._account(idx, 1)
             self._pool_join(idx)
-        hit = np.flatnonzero((count > 0) | (rate > 0))
-        self._add_accesses(lo + hit, count[hit], rate[hit])
+        hit = (count > 0) | (rate > 0)
+        self._add_accesses(lo + acc[hit], count[hit], rate[hit])
 
     def _add_accesses(self, acc: np.ndarray, count: np.ndarray, rate: np.ndarray) -> None:
         """Add an interval's counts and rates to existing units ``acc`` (sorted unique)."""
@@ -582,6 +624,7 @@ class PageState:
             hot = rows["heat"] * np.float32(self.scale) >= self._cand_floor
             self._out += float(rows["heat"][~hot].sum(dtype=np.float64))
             self._cand = union(c, new_idx[hot])
+            self._a["flags"][new_idx[hot]] |= np.uint8(F_CAND)
         self._pool_remap(lambda i: _remap_insert(i, pos))
         self._account(new_idx, 1)
         self._pool_join(new_idx)
