@@ -419,9 +419,9 @@ class Heuristic(Policy):
             rate = state.rate if "rate" in state.a.dtype.names else None
             return (np.asarray(heat, np.float64), None if rate is None else rate.astype(np.float64),
                     state.node, state.npages.astype(np.int64), state.last_move.astype(np.int64))
-        return (state.heat_at(idx).astype(np.float64), state.rate[idx].astype(np.float64),
-                state.node[idx], state.npages[idx].astype(np.int64),
-                state.last_move[idx].astype(np.int64))
+        r = state.rows(idx)
+        return (r["heat"].astype(np.float64), r["rate"].astype(np.float64), r["node"],
+                r["npages"].astype(np.int64), r["last_move"].astype(np.int64))
 
     def decide(self, state, ctx: Context) -> Decision:
         """The decision looks at candidates, not at every unit, when the state keeps them
@@ -437,7 +437,7 @@ class Heuristic(Policy):
         decay = float(getattr(state, "decay", 0.5))
         incremental = c.min_heat > 0 and all(
             hasattr(state, m) for m in ("hotter_than", "in_candidates", "touched", "coldest",
-                                        "heat_at", "keys"))
+                                        "rows", "keys"))
         if incremental:
             cand, rest = state.hotter_than(c.min_heat)
             touched = state.touched()
@@ -481,7 +481,7 @@ class Heuristic(Policy):
         order, ref, floor = self._hot_order(score, np.flatnonzero(known & (score > 0)), fast, rest)
         hot_pages = int(npages[order].sum())
         desired = fill_budget(order, npages, cap_low)
-        desired_pages = int(npages[desired].sum())
+        desired_pages = hot_pages if len(desired) == len(order) else int(npages[desired].sum())
         by_index = np.sort(desired)  # the hot set in U's order (keys ascending)
         must = used - cap_b_low if used > cap_b_high else 0
         max_moves = max(0, int(ctx.max_moves))
@@ -533,11 +533,12 @@ class Heuristic(Policy):
         within = moved_ever & (now - last_move <= c.thrash_window)
         in_set = np.zeros(len(U), bool)
         in_set[desired] = True
-        threshold = float(score[desired].min()) if len(desired) else None
+        desired_score = score[desired]
+        threshold = float(desired_score.min()) if len(desired) else None
         gap = c.gap_ratio * ref
         # a promotion that evicts a resident must be hot, not merely warm: at least
         # exchange_ratio times the hot set's median heat
-        bar = c.exchange_ratio * float(np.median(score[desired])) if len(desired) else 0.0
+        bar = c.exchange_ratio * float(np.median(desired_score)) if len(desired) else 0.0
         # ...and a warm unit must have been before this interval's read: its heat then,
         # (heat - rate) / decay for a steady unit, at least the bar too. One estimate above the
         # bar is not a hot unit: with noise on every huge page a warm unit's estimate now and

@@ -82,7 +82,7 @@ class _Plain:
         return len(self._st)
 
     def __getattr__(self, k):
-        if k in ("hotter_than", "in_candidates", "touched", "coldest", "heat_at", "keys"):
+        if k in ("hotter_than", "in_candidates", "touched", "coldest", "rows", "keys"):
             raise AttributeError(k)
         return getattr(self._st, k)
 
