@@ -362,11 +362,14 @@ class PageState:
             if th == np.inf or len(idx) >= n:
                 order = pool[3]
                 if order is not None:  # still in order (members rarely warm up): no sort
-                    # members that left dropped; a member that joined makes it shorter
-                    order = order[np.isin(order, idx, assume_unique=True)]
+                    # members that left dropped (members only join with the order reset,
+                    # so the members are idx exactly when the lengths are equal)
+                    if len(order) != len(idx):
+                        order = order[_member(idx, order)]
                     ho = a["heat"][order]
                     if len(order) == len(idx) and (len(order) < 2 or bool(np.all(
                             (ho[1:] > ho[:-1]) | ((ho[1:] == ho[:-1]) & (order[1:] > order[:-1]))))):
+                        pool[3] = order
                         return _prefix(self._trim(pool, order, n), n, pool[1] == np.inf)
                 order = idx[np.argsort(a["heat"][idx], kind="stable")]
                 pool[3] = order
