@@ -703,3 +703,16 @@ def test_heuristic_one_jumped_estimate_does_not_evict(sustained):
     assert 21 in d.promote and 22 in d.promote
     assert (20 in d.promote) == (not sustained)
     assert pages(st, d.demote) == pages(st, d.promote) and set(d.demote) <= set(range(10, 20))
+
+
+def test_jaccard_sorted_is_the_jaccard_index():
+    from pagetier.policies.heuristic import _jaccard_sorted
+
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        a = np.unique(rng.integers(0, 300, int(rng.integers(0, 100)))).astype(np.uint64)
+        b = np.unique(rng.integers(0, 300, int(rng.integers(0, 100)))).astype(np.uint64)
+        sa, sb = set(a.tolist()), set(b.tolist())
+        want = len(sa & sb) / len(sa | sb) if sa | sb else 1.0
+        assert _jaccard_sorted(a, b) == pytest.approx(want)
+        assert _jaccard_sorted(a, b.astype(np.int64)) == pytest.approx(want)
