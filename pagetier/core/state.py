@@ -365,7 +365,7 @@ class PageState:
                     # members that left dropped (members only join with the order reset,
                     # so the members are idx exactly when the lengths are equal)
                     if len(order) != len(idx):
-                        order = order[_member(idx, order)]
+                        order = order[np.isin(order, idx, assume_unique=True)]
                     ho = a["heat"][order]
                     if len(order) == len(idx) and (len(order) < 2 or bool(np.all(
                             (ho[1:] > ho[:-1]) | ((ho[1:] == ho[:-1]) & (order[1:] > order[:-1]))))):
