@@ -256,12 +256,9 @@ def _jaccard_sorted(a: np.ndarray, b: np.ndarray) -> float:
         return 1.0
     if len(a) == 0 or len(b) == 0:
         return 0.0
-    if a.dtype == b.dtype:  # a merge of two sorted runs (a stable sort finds them): O(n)
-        both = np.sort(np.concatenate([a, b]), kind="stable")
-        inter = int(np.count_nonzero(both[1:] == both[:-1]))
-    else:
-        pos = np.minimum(np.searchsorted(b, a), len(b) - 1)
-        inter = int(np.count_nonzero(b[pos] == a))
+    # a merge of the two sorted runs (a stable sort finds them): O(n), no binary search
+    both = np.sort(np.concatenate([a, b.astype(a.dtype, copy=False)]), kind="stable")
+    inter = int(np.count_nonzero(both[1:] == both[:-1]))
     return inter / (len(a) + len(b) - inter)
 
 

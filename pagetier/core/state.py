@@ -57,7 +57,6 @@ from pagetier.core.sample import Sample
 NEVER = np.iinfo(np.int32).min
 
 # flags
-F_PRESENT = 1  # set on every unit: a unit missing from a complete sample is forgotten
 F_STUCK = 2  # its last move failed for good (e.g. -EACCES: a page shared with another process)
 F_UNMOVABLE = 4  # a move failed for good and none has succeeded since: outside the fast budget
 F_CAND = 8  # in the candidate set (see hotter_than); meaningless while there is none
@@ -89,6 +88,14 @@ def unit_keys(target: int | np.ndarray, addr: np.ndarray) -> np.ndarray:
     return (np.asarray(target, np.uint64) << np.uint64(48)) | (addr >> np.uint64(12))
 
 
+def _find(sorted_arr: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``np.searchsorted(sorted_arr, x)``, whether each of ``x`` is in ``sorted_arr``)."""
+    p = np.searchsorted(sorted_arr, x)
+    if not len(sorted_arr):
+        return p, np.zeros(len(x), bool)
+    return p, sorted_arr[np.minimum(p, len(sorted_arr) - 1)] == x
+
+
 def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Sorted unique union of two sorted unique index arrays: ``b``'s elements missing from
     ``a`` inserted in place (O(len(a) + len(b) log len(a)), no sort, no hash)."""
@@ -98,8 +105,8 @@ def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a
     if not len(a):
         return b
-    p = np.searchsorted(a, b)
-    miss = (p >= len(a)) | (a[np.minimum(p, len(a) - 1)] != b)
+    p, found = _find(a, b)
+    miss = ~found
     if not miss.any():
         return a
     return np.insert(a, p[miss], b[miss])
@@ -113,8 +120,8 @@ def union_remap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     b = np.asarray(b, np.int64)
     if not len(a):
         return b, np.zeros(0, np.int64), np.arange(len(b))
-    p = np.searchsorted(a, b)
-    miss = (p >= len(a)) | (a[np.minimum(p, len(a) - 1)] != b)
+    p, found = _find(a, b)
+    miss = ~found
     at = p[miss]
     if not len(at):
         return a, np.arange(len(a)), np.zeros(0, np.int64)
@@ -135,10 +142,7 @@ def _prefix(order: np.ndarray, n: int, whole: bool) -> tuple[np.ndarray, bool]:
 
 def _member(sorted_arr: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Boolean: which of ``x`` are in ``sorted_arr`` (sorted)."""
-    if not len(sorted_arr):
-        return np.zeros(len(x), bool)
-    p = np.minimum(np.searchsorted(sorted_arr, x), len(sorted_arr) - 1)
-    return sorted_arr[p] == x
+    return _find(sorted_arr, x)[1]
 
 
 def _remap_insert(idx: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -207,16 +211,20 @@ class PageState:
     def heat_at(self, idx: np.ndarray | None) -> np.ndarray:
         """Heat (float32) of units ``idx`` (all when None)."""
         h = self._a["heat"] if idx is None else self._a["heat"][idx]
+        return self._true_heat(h.copy() if idx is None else h)
+
+    def _true_heat(self, stored: np.ndarray) -> np.ndarray:
+        """Stored heat times the global scale, as float32 (``stored`` itself when the scale is
+        1: pass a copy)."""
         if self.scale == 1.0:
-            return h.copy() if idx is None else h
-        return (h * np.float32(self.scale)).astype(np.float32, copy=False)
+            return stored
+        return (stored * np.float32(self.scale)).astype(np.float32, copy=False)
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """A copy of units ``idx``'s rows, their ``heat`` the true heat (see :meth:`heat_at`):
         one gather of whole rows, cheaper than one per column."""
         r = np.take(self._a, idx)
-        if self.scale != 1.0:
-            r["heat"] = (r["heat"] * np.float32(self.scale)).astype(np.float32, copy=False)
+        r["heat"] = self._true_heat(r["heat"])
         return r
 
     def keys(self, idx: np.ndarray | None = None) -> np.ndarray:
@@ -522,20 +530,10 @@ class PageState:
         a = self._a
         # existing units
         idx = pos[found]
-        f_count, f_rate, f_node = count[found], rate[found], node[found]
+        f_count, f_rate, f_node, f_pages = count[found], rate[found], node[found], npages[found]
         if len(idx):
-            if trust_moves > 0:
-                recent = (self.interval - a["last_move"][idx].astype(np.int64)) < trust_moves
-                f_node = np.where(recent, a["node"][idx], f_node)
-            f_pages = npages[found]
-            change = (a["node"][idx] != f_node) | (a["npages"][idx] != f_pages)
-            if change.any():
-                ch = idx[change]
-                self._account(ch, -1)
-                a["node"][ch] = f_node[change]
-                a["npages"][ch] = f_pages[change]
-                self._account(ch, 1)
-                self._pool_join(ch)
+            diff = np.flatnonzero((a["node"][idx] != f_node) | (a["npages"][idx] != f_pages))
+            self._take_nodes(idx[diff], f_node[diff], f_pages[diff], trust_moves)
             hit = (f_count > 0) | (f_rate > 0)
             self._add_accesses(idx[hit], f_count[hit], f_rate[hit])
         # new units
@@ -552,7 +550,6 @@ class PageState:
             n["target"] = t
             n["npages"] = npages[new]
             n["node"] = node[new]
-            n["flags"] = F_PRESENT
             self._insert(pos[new], n, keys[new], hit)
 
     def _lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -561,24 +558,15 @@ class PageState:
         an interval's accesses are to them, and searching their keys is much cheaper than
         searching every unit's."""
         all_keys = self.keys()
-        if not len(all_keys):
-            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
         recent = self._recent
-        if recent is None or len(recent) < 1024 or len(keys) < 1024:
-            pos = np.searchsorted(all_keys, keys)
-            found = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == keys)
-            return pos, found
-        rk = all_keys[recent]
-        p = np.minimum(np.searchsorted(rk, keys), len(rk) - 1)
-        found = rk[p] == keys
+        if recent is None or not len(recent):
+            return _find(all_keys, keys)
+        p, found = _find(all_keys[recent], keys)
         pos = np.empty(len(keys), np.int64)
         pos[found] = recent[p[found]]
         miss = np.flatnonzero(~found)
         if len(miss):
-            mk = keys[miss]
-            mp = np.searchsorted(all_keys, mk)
-            pos[miss] = mp
-            found[miss] = (mp < len(all_keys)) & (all_keys[np.minimum(mp, len(all_keys) - 1)] == mk)
+            pos[miss], found[miss] = _find(all_keys, keys[miss])
         return pos, found
 
     def _merge_rows(self, lo: int, acc: np.ndarray, count: np.ndarray, rate: np.ndarray,
@@ -587,22 +575,30 @@ class PageState:
         same as :meth:`update`'s lookup path, on a slice (no index arrays of every unit).
         ``acc``: the units with a count or an estimate (sorted), ``count`` and ``rate`` theirs."""
         a = self._a[lo:lo + len(node)]  # a view
-        ch = np.flatnonzero((a["node"] != node) | (a["npages"] != npages))
-        f_node = node[ch]
-        if trust_moves > 0 and len(ch):  # moved lately: the node the daemon recorded stands
-            recent = (self.interval - a["last_move"][ch].astype(np.int64)) < trust_moves
-            f_node = np.where(recent, a["node"][ch], f_node)
-            keep = (a["node"][ch] != f_node) | (a["npages"][ch] != npages[ch])
-            ch, f_node = ch[keep], f_node[keep]
-        if len(ch):
-            idx = lo + ch
-            self._account(idx, -1)
-            self._a["node"][idx] = f_node
-            self._a["npages"][idx] = npages[ch]
-            self._account(idx, 1)
-            self._pool_join(idx)
+        diff = np.flatnonzero((a["node"] != node) | (a["npages"] != npages))
+        self._take_nodes(lo + diff, node[diff], npages[diff], trust_moves)
         hit = (count > 0) | (rate > 0)
         self._add_accesses(lo + acc[hit], count[hit], rate[hit])
+
+    def _take_nodes(self, idx: np.ndarray, node: np.ndarray, npages: np.ndarray,
+                    trust_moves: int) -> None:
+        """Units ``idx`` (sorted unique), whose node or size in a sample (``node``, ``npages``)
+        differs from the state's, take the sample's; but a unit moved within the last
+        ``trust_moves`` intervals keeps the node the daemon recorded (the profiler may have
+        looked before the move)."""
+        a = self._a
+        if trust_moves > 0 and len(idx):
+            recent = (self.interval - a["last_move"][idx].astype(np.int64)) < trust_moves
+            node = np.where(recent, a["node"][idx], node)
+            keep = (a["node"][idx] != node) | (a["npages"][idx] != npages)
+            idx, node, npages = idx[keep], node[keep], npages[keep]
+        if not len(idx):
+            return
+        self._account(idx, -1)
+        a["node"][idx] = node
+        a["npages"][idx] = npages
+        self._account(idx, 1)
+        self._pool_join(idx)
 
     def _add_accesses(self, acc: np.ndarray, count: np.ndarray, rate: np.ndarray) -> None:
         """Add an interval's counts and rates to existing units ``acc`` (sorted unique)."""
