@@ -75,15 +75,27 @@ class VMResult:
             problems.append("kernel reports in dmesg:\n  " + "\n  ".join(self.reports))
         if problems:
             tail = "\n".join(self.output.splitlines()[-40:])
+            trace = report_context(self.dmesg or self.console)
             raise VMError(
                 f"VM run on {self.kernel} failed: {'; '.join(problems)}\n"
                 f"--- command: {self.command}\n--- last output:\n{tail}"
+                + (f"\n--- kernel log from the first report on:\n{trace}" if trace else "")
             )
         return self
 
 
 def kernel_reports(dmesg: str) -> list[str]:
     return [ln for ln in dmesg.splitlines() if KERNEL_REPORT.search(ln) and not BENIGN.search(ln)]
+
+
+def report_context(log: str, lines: int = 80) -> str:
+    """The kernel log from its first report on (the oops's registers and call trace, which
+    the report lines alone leave out), at most @lines lines; "" when it reports nothing."""
+    log_lines = log.splitlines()
+    for i, ln in enumerate(log_lines):
+        if KERNEL_REPORT.search(ln) and not BENIGN.search(ln):
+            return "\n".join(log_lines[max(0, i - 5):i + lines])
+    return ""
 
 
 def kernels() -> dict[str, str]:

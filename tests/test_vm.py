@@ -62,6 +62,23 @@ def test_kernel_report_patterns():
     assert not vm.kernel_reports("[ 1.1] PCI: Using host bridge windows from ACPI; report a bug\n")
 
 
+def test_failed_run_shows_the_oops_trace():
+    """A guest that panicked: the error carries the oops's registers and call trace, not only
+    the lines that matched (a CI run once showed two lines of a double fault and nothing else)."""
+    console = "\n".join(["[ 1.0] boot"] * 10 + [
+        "[ 9.0] Oops: double fault: 0000 [#1] PREEMPT SMP NOPTI",
+        "[ 9.0] RIP: 0010:some_function+0x12/0x40",
+        "[ 9.0] Call Trace:",
+        "[ 9.0]  <#DF>",
+        "[ 9.0] Kernel panic - not syncing: Fatal exception in interrupt"])
+    res = vm.VMResult("6.12", "true", 255, "", "", 1.0, vm.kernel_reports(console),
+                      console=console)
+    with pytest.raises(vm.VMError) as err:
+        res.check()
+    assert "RIP: 0010:some_function" in str(err.value) and "Call Trace" in str(err.value)
+    assert vm.report_context("[ 1.0] all is well\n") == ""
+
+
 def test_guest_that_dies_while_booting_is_booted_again(built):
     """QEMU killed before the command starts (as an OOM kill would): the run says so, with the
     console's tail, boots once more and the command's result is that of the second boot."""
