@@ -528,6 +528,9 @@ class Heuristic(Policy):
         else:
             fast_idx = np.flatnonzero(fast)
             fast_idx = fast_idx[np.argsort(score[fast_idx], kind="stable")]  # coldest first
+        # stuck units (the kernel refused their last move: shared pages) make no room: the
+        # planner drops their demotions and clips the promotions they were to make room for
+        fast_idx = fast_idx[~state.stuck(U[fast_idx])]
 
         moved_ever = last_move != NEVER
         recent = moved_ever & (now - last_move < c.min_residency)
@@ -573,6 +576,7 @@ class Heuristic(Policy):
             margin = c.thrash_margin if throttle else c.margin
             pmask = in_set & ~fast & ~still
             promo = order[pmask[order]]
+            promo = promo[~state.stuck(U[promo])]  # the planner drops them too
             # victims: units free to move first, then those not in the hot set, coldest first
             group = (still[fast_idx].astype(np.int8) << 1) | in_set[fast_idx].astype(np.int8)
             fidx = fast_idx[np.argsort(group, kind="stable")]

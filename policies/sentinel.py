@@ -282,14 +282,20 @@ class Sentinel(Policy):
         later = annotated & ~soon
         want[later] = 1.0 - np.minimum(dist[later], period) / (period + 1.0)
 
+        # stuck units (the kernel refused their last move: shared pages) neither go nor make
+        # room: the planner drops their moves, and promotions planned into the room a stuck
+        # victim was to free were all clipped by the budget (a PyTorch run in the guest moved
+        # nothing at any layer boundary: its coldest fast units were shared pages)
         known = node >= 0
-        cand = np.flatnonzero(known & (want >= 2.0))
+        movable = ~state.stuck(np.arange(len(state)))
+        cand = np.flatnonzero(known & movable & (want >= 2.0))
         order = cand[np.lexsort((-heat[cand], -want[cand]))]
-        desired = fill_budget(order, npages, cap_low)
+        # the stuck units on the fast node stay: the wanted set fills what is left
+        desired = fill_budget(order, npages, cap_low - int(npages[fast & ~movable].sum()))
         in_set = np.zeros(len(state), bool)
         in_set[desired] = True
         promo = order[(in_set & ~fast)[order]]
-        victims = np.flatnonzero(fast & ~in_set)
+        victims = np.flatnonzero(fast & ~in_set & movable)
         victims = victims[np.lexsort((heat[victims], want[victims]))]
         must = used - cap_low if used > cap_high else 0
         p, d = plan_moves(npages, promo, want[promo], victims, want[victims], used=used,

@@ -604,6 +604,19 @@ def test_heuristic_exchanges_when_the_node_is_the_limit():
     assert pages(st, d.promote) == 20 and len(d.demote) == 0 and d.stats["limit"] is None
 
 
+def test_heuristic_exchanges_movable_units_not_stuck_ones():
+    """The coldest fast units are pages the kernel refused to move (shared): the exchange
+    evicts the next coldest instead. Evicting the stuck ones made room only on paper: the
+    planner drops those demotions and clips the promotions they were for."""
+    heat = np.r_[np.full(5, 1.0), np.full(5, 2.0), np.full(5, 100.0)]
+    st = make_state(heat=heat, node=[FAST] * 10 + [SLOW] * 5)
+    st.mark_stuck(np.arange(5))
+    ctx = Context(fast_budget=1000, fast_capacity=10)
+    d = create("heuristic").decide(st, ctx)
+    assert sorted(d.demote) == list(range(5, 10)) and sorted(d.promote) == list(range(10, 15))
+    check_invariants(st, d, ctx)
+
+
 def test_heuristic_no_exchange_without_margin():
     """A full node and candidates not measurably hotter than its units: no exchange."""
     for cand, victim in [(110.0, 100.0), (100.5, 100.0)]:

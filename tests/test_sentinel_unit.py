@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pagetier import annotate, policies, protocol
+from pagetier.core import planner
 from pagetier.core.state import PageState
 from pagetier.daemon import control
 from pagetier.daemon.clock import Clock
@@ -144,6 +145,26 @@ def test_no_demotion_without_need():
     pol.annotate(Annotation(PID, "add_layer", layer="L0"))
     dec = pol.decide(st, Context(fast_budget=100, max_moves=1 << 30))
     assert objects_of(st, dec.promote) == {"A"} and len(dec.demote) == 0
+
+
+def test_stuck_units_neither_go_nor_make_room():
+    """Pages the kernel refused to move (shared ones) stay on the fast node: the policy plans
+    around them. Evicting them instead of a movable unit made room only on paper: the planner
+    dropped the demotion and then clipped the promotion it was for (a PyTorch run in the guest
+    moved nothing at any layer boundary)."""
+    pol = profiled({**WM, "lookahead": 1})
+    extra = BASE + 64 * PAGE_SIZE + np.arange(OBJ_PAGES, dtype=np.uint64) * np.uint64(PAGE_SIZE)
+    st = state_with(fast_objects=(0,), extra=extra)
+    shared = np.flatnonzero(np.isin(st.addr, extra))
+    st.record_moves(shared, 0)  # on the fast node...
+    st.mark_stuck(shared)  # ...and the kernel refused to move them
+    pol.annotate(Annotation(PID, "add_layer", layer="L0"))
+    pol.annotate(Annotation(PID, "add_layer", layer="L1"))  # B now; A not for 3 layers
+    budget = OBJ_PAGES  # movable pages; the policy's budget adds the unmovable ones
+    dec = pol.decide(st, Context(fast_budget=budget + OBJ_PAGES, max_moves=1 << 30))
+    assert not np.isin(dec.demote, shared).any() and objects_of(st, dec.demote) == {"A"}
+    moves = planner.plan(st, dec, budget, None, 1 << 30)
+    assert objects_of(st, moves.demote) == {"A"} and objects_of(st, moves.promote) == {"B"}
 
 
 def test_budget_and_rate_respected():

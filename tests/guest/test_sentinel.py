@@ -96,12 +96,15 @@ def test_sentinel_trains_the_example(run_dir, framework, budget_mib, kernel_seri
     boundary = [s for s in stats if s["boundary"]]
     active = [s for s in boundary if s["policy"].get("mode") == "active"]
     moved = [s for s in active if s["promoted"] + s["demoted"] > 0]
-    summary = [(s["policy"].get("layer"), s["promoted"], s["demoted"], s["policy"].get("objects_moved"))
+    summary = [(s["policy"].get("layer"), s["promoted"], s["demoted"], s["policy"].get("objects_moved"),
+                s["limit"], s["rate_pages"], s["clipped"], s["failed"], s["errors"],
+                s["policy"].get("fast_used"), s["policy"].get("fast_after"))
                for s in active]
     print(f"sentinel {framework} example: {wall:.0f} s in all, setup {start[0]['setup_s']} s, "
           f"steps {[s['s'] for s in steps]} s, {len(stats)} stats lines, {len(boundary)} at "
           f"boundaries, {len(moved)} of them moved pages; parameters' nodes per step "
-          f"{[s['param_nodes'] for s in steps]}\n(layer, promoted, demoted, objects moved): {summary}")
+          f"{[s['param_nodes'] for s in steps]}\n(layer, promoted, demoted, objects moved, limit, "
+          f"rate left, clipped, failed, errors, policy's fast used, after): {summary}")
     assert "profile of 8 layers" in r.stderr, why  # 4 Linear layers, forward and backward
     assert active, f"no boundary step in active mode: {why}"
     assert active[-1]["policy"]["profiled"] > 0, active[-1]["policy"]
