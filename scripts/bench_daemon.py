@@ -22,7 +22,7 @@
 
 Usage:
   .venv/bin/python scripts/bench_daemon.py [--sizes 4G,64G] [--hot 0.01,0.05] [--intervals 17]
-                                           [--baseline main] [--baseline-intervals 3]
+                                           [--baseline main] [--baseline-intervals N]
                                            [--move-size 64M] [--rounds 6] [--policy heuristic]
   scripts/vm -- .venv/bin/python scripts/bench_daemon.py --sizes 64M --move-size 256M
 """
@@ -208,7 +208,10 @@ def main(argv=None) -> int:
                          "default: a stub mover records the moves, the stub's nodes follow")
     ap.add_argument("--baseline", default="main",
                     help="git revision to compare with; 'none' to skip (default %(default)s)")
-    ap.add_argument("--baseline-intervals", type=int, default=3)
+    ap.add_argument("--baseline-intervals", type=int, default=None,
+                    help="intervals measured for the baseline (default: as --intervals, so that "
+                         "both means include the complete read; fewer halve the run but leave "
+                         "it out of the baseline's mean)")
     ap.add_argument("--baseline-max-size", default="64G",
                     help="skip the baseline above this size (default %(default)s)")
     ap.add_argument("--policy", default="heuristic")
@@ -216,6 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--skip-move", action="store_true")
     a = ap.parse_args(argv)
+    if a.baseline_intervals is None:
+        a.baseline_intervals = a.intervals
     if a.rounds < 1 and not a.skip_move:
         ap.error(f"--rounds must be at least 1, got {a.rounds} (--skip-move skips part 2)")
 
