@@ -528,8 +528,9 @@ class Heuristic(Policy):
         else:
             fast_idx = np.flatnonzero(fast)
             fast_idx = fast_idx[np.argsort(score[fast_idx], kind="stable")]  # coldest first
-        # stuck units (the kernel refused their last move: shared pages) make no room: the
-        # planner drops their demotions and clips the promotions they were to make room for
+        # stuck units (the kernel refused their last move: shared pages) neither go nor make
+        # room: the planner drops their moves, and clips the promotions they were to make
+        # room for. Looked up once, for the victims and the hot set's slow units
         fast_idx = fast_idx[~state.stuck(U[fast_idx])]
 
         moved_ever = last_move != NEVER
@@ -537,6 +538,8 @@ class Heuristic(Policy):
         within = moved_ever & (now - last_move <= c.thrash_window)
         in_set = np.zeros(len(U), bool)
         in_set[desired] = True
+        slow_wanted = desired[~fast[desired]]
+        in_set[slow_wanted[state.stuck(U[slow_wanted])]] = False
         desired_score = score[desired]
         threshold = float(desired_score.min()) if len(desired) else None
         gap = c.gap_ratio * ref
@@ -576,7 +579,6 @@ class Heuristic(Policy):
             margin = c.thrash_margin if throttle else c.margin
             pmask = in_set & ~fast & ~still
             promo = order[pmask[order]]
-            promo = promo[~state.stuck(U[promo])]  # the planner drops them too
             # victims: units free to move first, then those not in the hot set, coldest first
             group = (still[fast_idx].astype(np.int8) << 1) | in_set[fast_idx].astype(np.int8)
             fidx = fast_idx[np.argsort(group, kind="stable")]

@@ -84,8 +84,12 @@ class VMResult:
         return self
 
 
+def _is_report(line: str) -> bool:
+    return bool(KERNEL_REPORT.search(line)) and not BENIGN.search(line)
+
+
 def kernel_reports(dmesg: str) -> list[str]:
-    return [ln for ln in dmesg.splitlines() if KERNEL_REPORT.search(ln) and not BENIGN.search(ln)]
+    return [ln for ln in dmesg.splitlines() if _is_report(ln)]
 
 
 def report_context(log: str, lines: int = 80) -> str:
@@ -93,7 +97,7 @@ def report_context(log: str, lines: int = 80) -> str:
     the report lines alone leave out), at most @lines lines; "" when it reports nothing."""
     log_lines = log.splitlines()
     for i, ln in enumerate(log_lines):
-        if KERNEL_REPORT.search(ln) and not BENIGN.search(ln):
+        if _is_report(ln):
             return "\n".join(log_lines[max(0, i - 5):i + lines])
     return ""
 

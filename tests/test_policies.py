@@ -615,6 +615,12 @@ def test_heuristic_exchanges_movable_units_not_stuck_ones():
     d = create("heuristic").decide(st, ctx)
     assert sorted(d.demote) == list(range(5, 10)) and sorted(d.promote) == list(range(10, 15))
     check_invariants(st, d, ctx)
+    # a stuck hot unit on the slow node is not promoted: room is made for the other four only
+    st.mark_stuck(np.array([14]))
+    d = create("heuristic").decide(st, ctx)
+    assert sorted(d.promote) == list(range(10, 14))
+    assert len(d.demote) == 4 and set(d.demote) <= set(range(5, 10))
+    check_invariants(st, d, ctx)
 
 
 def test_heuristic_no_exchange_without_margin():
