@@ -21,7 +21,9 @@ One interval (:meth:`Daemon.step`):
 5. the moves (daemon/executor.py over ``mover.move``; nothing in a dry run), recorded in the
    state; the promotions are planned again after the demotions ran (the kernel may refuse
    some); units whose pages
-   are gone are forgotten, a full node (ENOMEM) ends this interval's moves, units whose move
+   are gone are forgotten, a full node (ENOMEM) ends this interval's moves, so does the
+   interval's time (no move_pages call starts more than an interval after the moves began:
+   the rest is ``deferred``, planned again at the next interval), units whose move
    failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
    promotions stop at the fast node's high watermark (move_pages into a node without room
    reclaims and retries page by page before it says ENOMEM);
@@ -85,6 +87,8 @@ STUCK_RETRY = 32  # intervals before units whose move failed for good (EACCES...
 ROOM_MARGIN = 1 * MIB  # promotions leave this much above the fast node's high watermark
 # an interval's moves are capped at what the measured throughput moves in this many intervals
 THROUGHPUT_HEADROOM = 1.25
+# an interval's moves start no move_pages call after this many intervals from their start
+MOVE_TIME_SHARE = 1.0
 # A read lists only the units accessed since the last one (READ_ACCESSED_ONLY: the cost follows
 # the accessed set); every FULL_READ_EVERY intervals, and at a target's first read, it lists
 # every unit the profiler tracks: that read finds the units that appeared cold (their node
@@ -142,7 +146,7 @@ class Daemon:
         self._signal: int | None = None
         self.history: list[dict] = []  # kept short: the last few stats
         self.totals = {k: 0 for k in ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved",
-                                      "ping_pongs", "forced_demotions", "clipped")}
+                                      "ping_pongs", "forced_demotions", "clipped", "deferred")}
         self.started = self.clock.time()
         self._t0 = self.clock.monotonic()
         self.last: dict | None = None
@@ -295,17 +299,26 @@ class Daemon:
         gone_pids: set[int] = set()
         moves = planner.plan(st, dec, budget, room0, limit, fast=cfg.fast_node, slow=cfg.slow_node)
         forced = moves.forced
+        waiting = 0  # planned promotions deferred whole: not clipped
         promote, limit_hit = moves.promote, moves.limit  # which limit the planner's clipping hit
         if cfg.dry_run:
             demoted_pages = int(st.npages[moves.demotions].sum(dtype=np.int64))
             promoted_pages = int(st.npages[promote].sum(dtype=np.int64))
         else:
             window = cfg.ping_pong_window
-            ok = self.executor.move(moves.demotions, cfg.slow_node, acc, forget, gone_pids, window)
+            # the moves start no chunk after about one interval: the rest waits for the next
+            # decision (daemon/executor.py)
+            deadline = self.clock.monotonic() + cfg.interval * MOVE_TIME_SHARE
+            ok = self.executor.move(moves.demotions, cfg.slow_node, acc, forget, gone_pids, window,
+                                    deadline)
             demoted_pages = acc["moved_pages"]
             acc["moved_pages"] = 0
             if not ok:  # ENOMEM: no promotions after it
                 promote, limit_hit = promote[:0], None
+            elif acc["deferred"]:  # out of time: the promotions wait for the rest of the room
+                acc["deferred"] += int(st.npages[promote].sum(dtype=np.int64))
+                waiting = len(promote)
+                promote, limit_hit = promote[:0], "throughput"
             else:
                 # the kernel may have refused some demotions: plan the promotions again on the
                 # state they left, with the room read again (exchange: they made room for these)
@@ -314,9 +327,12 @@ class Daemon:
                     st, dec.promote, budget, room, limit - demoted_pages, fast=cfg.fast_node)
                 if limit_hit == "node" and room <= 0:
                     self.executor.node_full(cfg.fast_node, True, "free memory at its high watermark")
-                self.executor.move(promote, cfg.fast_node, acc, forget, gone_pids, window)
+                self.executor.move(promote, cfg.fast_node, acc, forget, gone_pids, window,
+                                   deadline)
+                if acc["deferred"]:
+                    limit_hit = "throughput"
             promoted_pages = acc["moved_pages"]
-        clipped = moves.asked - len(moves.demote) - len(promote)
+        clipped = moves.asked - len(moves.demote) - len(promote) - waiting
         if forget:
             st.forget(np.concatenate(forget))
         for pid in gone_pids:
@@ -344,6 +360,8 @@ class Daemon:
             "nomem": acc["nomem"],
             "gone": acc["gone"],
             "clipped": int(max(0, clipped)),
+            # pages planned but not tried: the moves ran out of the interval's time
+            "deferred": acc["deferred"],
             "bytes_moved": acc["bytes_moved"],
             "ping_pongs": acc["ping_pongs"],
             "resident": resident,
@@ -369,7 +387,7 @@ class Daemon:
             "wall_s": round(time.monotonic() - wall0, 6),
         }
         for k in ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_pongs",
-                  "forced_demotions", "clipped"):
+                  "forced_demotions", "clipped", "deferred"):
             self.totals[k] += stats[k]
         self.last = stats
         self.history = (self.history + [stats])[-16:]

@@ -951,6 +951,91 @@ def test_moves_capped_at_the_measured_throughput(tmp_path):
     assert d2.step()["throughput_mb_s"] is None
 
 
+def test_moves_stop_at_the_interval_deadline(tmp_path):
+    """Before any throughput is measured, a mover at 1,000 pages a second and a plan of 20,000
+    pages (no --rate): the first interval's moves stop after the first chunk (it alone took
+    two intervals) and the rest is deferred, with "throughput" as the limit; the next interval
+    moves what the measured throughput allows, nothing deferred. Every page gets there."""
+    from pagetier.daemon.executor import CHUNK_PAGES
+
+    clock = FakeClock()
+    d = make_daemon(tmp_path, units=20000, hot=20000, budget="100M", clock=clock)
+    d.cfg.interval = 1.0
+    move = d.executor.mover.move
+    calls = []
+
+    def slow(pid, addrs, node):
+        calls.append(len(addrs))
+        clock.advance(len(addrs) / 1000.0)
+        return move(pid, addrs, node)
+
+    d.executor.mover.move = slow
+    first = d.step()
+    assert calls == [CHUNK_PAGES]
+    assert first["promoted"] == CHUNK_PAGES and first["deferred"] == 20000 - CHUNK_PAGES
+    assert first["limit"] == "throughput" and first["clipped"] == 0
+    second = d.step()
+    # the throughput cap: 1,250 pages (1.25 s of moves), give or take the clock's rounding
+    assert 1249 <= second["promoted"] <= 1250 and second["deferred"] == 0
+    while d.state.pages_on(0) < 20000:
+        assert d.step()["promoted"] > 0
+    assert d.totals["deferred"] == first["deferred"]
+
+
+def test_moves_start_no_chunk_after_the_deadline(tmp_path):
+    """The executor cuts a move into chunks; none but the first starts after the deadline, and
+    the pages of those not tried are counted as deferred."""
+    from pagetier.daemon.executor import CHUNK_PAGES, new_tally
+
+    clock = FakeClock()
+    d = make_daemon(tmp_path, policy="test-idle", units=3 * CHUNK_PAGES, hot=CHUNK_PAGES,
+                    budget="100M", clock=clock)
+    d.step()  # the units read into the state, none moved
+    ex = d.executor
+    move = ex.mover.move
+
+    def slow(pid, addrs, node):
+        clock.advance(1.0)
+        return move(pid, addrs, node)
+
+    ex.mover.move = slow
+    idx = np.arange(3 * CHUNK_PAGES)
+    acc, forget, gone = new_tally(), [], set()
+    assert ex.move(idx, 0, acc, forget, gone, 4, deadline=clock.monotonic() + 1.5)
+    # two chunks started (the second before the deadline), the third deferred
+    assert acc["moved_pages"] == 2 * CHUNK_PAGES and acc["deferred"] == CHUNK_PAGES
+    assert (np.asarray(d.state.node)[:2 * CHUNK_PAGES] == 0).all()
+    acc = new_tally()
+    assert ex.move(idx[2 * CHUNK_PAGES:], 0, acc, forget, gone, 4, deadline=clock.monotonic() - 1)
+    assert acc["moved_pages"] == CHUNK_PAGES and acc["deferred"] == 0  # the first chunk goes
+
+
+def test_a_late_demotion_defers_the_promotions(tmp_path):
+    """An exchange whose demotions use up the interval's time: the promotions they were to
+    make room for wait (deferred, not clipped), so the fast node never goes over the budget."""
+    from pagetier.daemon.executor import CHUNK_PAGES
+
+    clock = FakeClock()
+    budget = f"{2 * CHUNK_PAGES * 4096 >> 20}M"
+    d = make_daemon(tmp_path, policy="test-flip", units=3 * CHUNK_PAGES, hot=3 * CHUNK_PAGES,
+                    budget=budget, clock=clock)
+    d.cfg.interval = 1.0
+    first = d.step()  # two chunks' worth promoted, the budget
+    assert first["promoted"] == 2 * CHUNK_PAGES
+    move = d.executor.mover.move
+
+    def slow(pid, addrs, node):
+        clock.advance(1.0)
+        return move(pid, addrs, node)
+
+    d.executor.mover.move = slow
+    second = d.step()  # flip: demote the two chunks, promote the third
+    assert second["demoted"] == CHUNK_PAGES and second["promoted"] == 0
+    assert second["deferred"] == 2 * CHUNK_PAGES and second["clipped"] == 0
+    assert second["limit"] == "throughput"
+    assert d.state.pages_on(0) == CHUNK_PAGES
+
+
 def test_throughput_ignores_small_moves():
     from pagetier.daemon.executor import THROUGHPUT_MIN_PAGES, Executor
 

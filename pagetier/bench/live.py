@@ -475,9 +475,10 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
         if daemon_pid is not None:
             rec["daemon_totals"] = {k: sum(s.get(k, 0) for s in dstats)
                                     for k in ("promoted", "demoted", "bytes_moved", "ping_pongs",
-                                              "failed", "nomem", "busy", "clipped")}
+                                              "failed", "nomem", "busy", "clipped", "deferred")}
             rec["daemon_stats"] = [{k: s.get(k) for k in ("t", "units", "promoted", "demoted",
                                                           "fast_used", "cpu_s", "wall_s",
+                                                          "deferred", "throughput_mb_s",
                                                           "profiler_scan_s", "policy", "errors")}
                                    for s in dstats]
         if isinstance(manager, kernel_tiering.DamosTiering):
