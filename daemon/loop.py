@@ -22,7 +22,7 @@ One interval (:meth:`Daemon.step`):
    state; the promotions are planned again after the demotions ran (the kernel may refuse
    some); units whose pages
    are gone are forgotten, a full node (ENOMEM) ends this interval's moves, so does the
-   interval's time (no move_pages call starts more than an interval after the moves began:
+   interval's time (no move_pages call starts more than two intervals after the moves began:
    the rest is ``deferred``, planned again at the next interval), units whose move
    failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
    promotions stop at the fast node's high watermark (move_pages into a node without room
@@ -87,8 +87,12 @@ STUCK_RETRY = 32  # intervals before units whose move failed for good (EACCES...
 ROOM_MARGIN = 1 * MIB  # promotions leave this much above the fast node's high watermark
 # an interval's moves are capped at what the measured throughput moves in this many intervals
 THROUGHPUT_HEADROOM = 1.25
-# an interval's moves start no move_pages call after this many intervals from their start
-MOVE_TIME_SHARE = 1.0
+# an interval's moves start no move_pages call after this many intervals from their start. The
+# throughput cap plans THROUGHPUT_HEADROOM intervals of moves; the deadline catches what it
+# misses (no measurement yet, or a throughput fallen by more than a third). At one interval it
+# cut phase-change exchanges that would have ended in 1.2-1.8 s, and the rest waited for the
+# next interval (bench live fuller: 3 intervals to bring a region in, not 2)
+MOVE_TIME_SHARE = 2.0
 # A read lists only the units accessed since the last one (READ_ACCESSED_ONLY: the cost follows
 # the accessed set); every FULL_READ_EVERY intervals, and at a target's first read, it lists
 # every unit the profiler tracks: that read finds the units that appeared cold (their node
@@ -306,8 +310,8 @@ class Daemon:
             promoted_pages = int(st.npages[promote].sum(dtype=np.int64))
         else:
             window = cfg.ping_pong_window
-            # the moves start no chunk after about one interval: the rest waits for the next
-            # decision (daemon/executor.py)
+            # the moves start no chunk after MOVE_TIME_SHARE intervals: the rest waits for the
+            # next decision (daemon/executor.py)
             deadline = self.clock.monotonic() + cfg.interval * MOVE_TIME_SHARE
             ok = self.executor.move(moves.demotions, cfg.slow_node, acc, forget, gone_pids, window,
                                     deadline)

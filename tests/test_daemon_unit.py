@@ -954,7 +954,7 @@ def test_moves_capped_at_the_measured_throughput(tmp_path):
 def test_moves_stop_at_the_interval_deadline(tmp_path):
     """Before any throughput is measured, a mover at 1,000 pages a second and a plan of 20,000
     pages (no --rate): the first interval's moves stop after the first chunk (it alone took
-    two intervals) and the rest is deferred, with "throughput" as the limit; the next interval
+    more than the two intervals the moves may take) and the rest is deferred, with "throughput" as the limit; the next interval
     moves what the measured throughput allows, nothing deferred. Every page gets there."""
     from pagetier.daemon.executor import CHUNK_PAGES
 
@@ -1014,6 +1014,7 @@ def test_a_late_demotion_defers_the_promotions(tmp_path):
     """An exchange whose demotions use up the interval's time: the promotions they were to
     make room for wait (deferred, not clipped), so the fast node never goes over the budget."""
     from pagetier.daemon.executor import CHUNK_PAGES
+    from pagetier.daemon.loop import MOVE_TIME_SHARE
 
     clock = FakeClock()
     budget = f"{2 * CHUNK_PAGES * 4096 >> 20}M"
@@ -1025,7 +1026,7 @@ def test_a_late_demotion_defers_the_promotions(tmp_path):
     move = d.executor.mover.move
 
     def slow(pid, addrs, node):
-        clock.advance(1.0)
+        clock.advance(MOVE_TIME_SHARE * d.cfg.interval + 0.5)  # past the interval's deadline
         return move(pid, addrs, node)
 
     d.executor.mover.move = slow
