@@ -8,6 +8,9 @@
 
 They are deliberately simple: no watermarks, no hysteresis, no throttle beyond the rate
 limit. All respect the fast budget and the rate limit through the shared ``plan_moves``.
+Like the default policy, lru and heat-classes leave stuck units (the kernel refused their last
+move: pages shared with another process) where they are: they are neither promoted nor chosen
+to make room, which they could not.
 """
 from __future__ import annotations
 
@@ -101,9 +104,10 @@ class LRU(Policy):
         second = (last > horizon) & (prev > horizon) & (last != NEVER) & (prev != NEVER)
 
         fast = node == ctx.fast_node
-        cand = np.flatnonzero(second & (node >= 0) & ~fast)
+        movable = ~state.stuck(np.arange(len(state)))
+        cand = np.flatnonzero(second & (node >= 0) & ~fast & movable)
         cand = cand[np.lexsort((-prev[cand], -last[cand]))]  # most recent first
-        victims = np.flatnonzero(fast)
+        victims = np.flatnonzero(fast & movable)
         victims = victims[np.lexsort((prev[victims], last[victims]))]  # least recent first
         budget = max(0, int(ctx.fast_budget))
         used = int(npages[fast].sum())
@@ -153,13 +157,16 @@ class HeatClasses(Policy):
         budget = max(0, int(ctx.fast_budget))
         used = int(npages[fast].sum())
 
-        warm = np.flatnonzero(known & (cls > 0))
+        # stuck units stay where they are: those on the fast node take their room first
+        movable = ~state.stuck(np.arange(len(state)))
+        pinned = int(npages[fast & ~movable].sum())
+        warm = np.flatnonzero(known & (cls > 0) & movable)
         order = warm[np.lexsort((~fast[warm], -cls[warm]))]  # hottest class first, residents first
-        desired = fill_budget(order, npages, budget)
+        desired = fill_budget(order, npages, budget - pinned)
         in_set = np.zeros(len(state), bool)
         in_set[desired] = True
         promo = order[(in_set & ~fast)[order]]
-        victims = np.flatnonzero(fast)
+        victims = np.flatnonzero(fast & movable)
         # outside the filled classes first, coldest first
         victims = victims[np.lexsort((cls[victims], in_set[victims]))]
         p, d = plan_moves(

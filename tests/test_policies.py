@@ -623,6 +623,25 @@ def test_heuristic_exchanges_movable_units_not_stuck_ones():
     check_invariants(st, d, ctx)
 
 
+def test_baselines_make_room_with_movable_units_not_stuck_ones():
+    """lru and heat-classes too: the coldest (least recent) fast units are stuck, so room for
+    the hot slow units is made with the next ones, and a stuck slow unit is not promoted."""
+    heat = np.r_[np.full(5, 1.0), np.full(5, 2.0), np.full(5, 100.0)]
+    last = np.r_[np.full(5, 90), np.full(5, 95), np.full(5, 100)]
+    ctx = Context(fast_budget=10)
+    for name in ("lru", "heat-classes"):
+        st = make_state(heat=heat, node=[FAST] * 10 + [SLOW] * 5, last_access=last)
+        st.mark_stuck(np.array([0, 1, 2, 3, 4, 14]))
+        pol = create(name)
+        if name == "lru":  # a second access of the slow units, within the window
+            pol.decide(st, ctx)
+            _step(st, 101, list(range(10, 15)))
+        d = pol.decide(st, ctx)
+        assert sorted(d.promote) == list(range(10, 14)), name
+        assert len(d.demote) == 4 and set(d.demote) <= set(range(5, 10)), name
+        check_invariants(st, d, ctx)
+
+
 def test_heuristic_no_exchange_without_margin():
     """A full node and candidates not measurably hotter than its units: no exchange."""
     for cand, victim in [(110.0, 100.0), (100.5, 100.0)]:
