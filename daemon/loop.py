@@ -304,6 +304,7 @@ class Daemon:
         moves = planner.plan(st, dec, budget, room0, limit, fast=cfg.fast_node, slow=cfg.slow_node)
         forced = moves.forced
         waiting = 0  # planned promotions deferred whole: not clipped
+        move_s = 0.0
         promote, limit_hit = moves.promote, moves.limit  # which limit the planner's clipping hit
         if cfg.dry_run:
             demoted_pages = int(st.npages[moves.demotions].sum(dtype=np.int64))
@@ -312,7 +313,8 @@ class Daemon:
             window = cfg.ping_pong_window
             # the moves start no chunk after MOVE_TIME_SHARE intervals: the rest waits for the
             # next decision (daemon/executor.py)
-            deadline = self.clock.monotonic() + cfg.interval * MOVE_TIME_SHARE
+            t_moves = self.clock.monotonic()
+            deadline = t_moves + cfg.interval * MOVE_TIME_SHARE
             ok = self.executor.move(moves.demotions, cfg.slow_node, acc, forget, gone_pids, window,
                                     deadline)
             demoted_pages = acc["moved_pages"]
@@ -336,6 +338,7 @@ class Daemon:
                 if acc["deferred"]:
                     limit_hit = "throughput"
             promoted_pages = acc["moved_pages"]
+            move_s = self.clock.monotonic() - t_moves
         clipped = moves.asked - len(moves.demote) - len(promote) - waiting
         if forget:
             st.forget(np.concatenate(forget))
@@ -386,6 +389,7 @@ class Daemon:
             "policy": dict(dec.stats),
             "merge_s": round(merge_s, 6),  # PageState bookkeeping of the samples
             "decide_s": round(decide_s, 6),
+            "move_s": round(move_s, 6),  # wall time of the moves (move_pages and bookkeeping)
             "cpu_s": round(time.process_time() - cpu0, 6),
             "profiler_scan_s": scan_s,  # kernel-side scan time so far (kmod), summed over targets
             "wall_s": round(time.monotonic() - wall0, 6),

@@ -479,6 +479,7 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
             rec["daemon_stats"] = [{k: s.get(k) for k in ("t", "units", "promoted", "demoted",
                                                           "fast_used", "cpu_s", "wall_s",
                                                           "deferred", "throughput_mb_s",
+                                                          "merge_s", "decide_s", "move_s",
                                                           "profiler_scan_s", "policy", "errors")}
                                    for s in dstats]
         if isinstance(manager, kernel_tiering.DamosTiering):
