@@ -190,6 +190,9 @@ def config_names(policies: str, baselines: str = DEFAULT_BASELINES) -> list[str]
 
 
 # ------------------------------------------------------------------ guest side: the pieces
+RESERVE_STEP = 32  # huge pages (64 MiB) per write to nr_hugepages
+
+
 class FastCapacity:
     """Leaves about ``free`` bytes free on a node by reserving the rest as 2 MiB hugetlb pages."""
 
@@ -222,9 +225,21 @@ class FastCapacity:
             want = max(0, cur + diff)
             if want == cur:
                 break
-            self.path.write_text(f"{want}\n")
+            self._reserve(cur, want)
             have = self._settled()
         return have
+
+    def _reserve(self, cur: int, want: int) -> None:
+        """Move the node's huge page count from ``cur`` to ``want``, RESERVE_STEP pages per
+        write: one write of ~480 pages (zeroed at allocation) kept a vCPU in the kernel long
+        enough for the soft-lockup watchdog under emulation (26 s, 6.12 guest)."""
+        while cur != want:
+            step = max(-RESERVE_STEP, min(RESERVE_STEP, want - cur))
+            self.path.write_text(f"{cur + step}\n")
+            got = int(self.path.read_text())
+            if got == cur:  # the kernel found no more pages: stop here
+                break
+            cur = got
 
     def _settled(self, timeout: float = 5.0) -> int:
         """MemFree once two looks 0.1 s apart agree within 256 KiB (or after ``timeout``)."""
