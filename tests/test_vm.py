@@ -79,6 +79,26 @@ def test_failed_run_shows_the_oops_trace():
     assert vm.report_context("[ 1.0] all is well\n") == ""
 
 
+def test_a_boot_that_oopses_before_the_command_is_retried_not_failed(monkeypatch):
+    """A first boot that dies in the kernel before the command starts (as "Oops: int3" in the
+    kernel's own code patching did under emulation) is booted again; its report is shown in
+    the output, and the run's result is the second boot's. (A stand-in for the boots; the test
+    below kills a real one.)"""
+    oops = "[    3.705770] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI"
+    first = vm.VMResult("6.12", "true", 255, "", "", 4.0, [], started=False,
+                        console=f"[ 1.0] booting\n{oops}\n[ 3.7] Kernel panic - not syncing\n")
+    second = vm.VMResult("6.12", "true", 0, "ran\n", "[ 1.0] all is well\n", 20.0, [])
+    boots = [first, second]
+    monkeypatch.setattr(vm, "_boot", lambda *a, **k: boots.pop(0))
+    monkeypatch.setattr(vm, "resolve_kernel", lambda k: "6.12.0-test")
+    monkeypatch.setattr(vm.shutil, "which", lambda *a, **k: "/usr/bin/true")
+    res = vm.run("true")
+    assert not boots and res.ok and res.reports == []
+    assert "kernel report while booting: " + oops in res.output
+    assert "booting again" in res.output and res.output.endswith("ran\n")
+    res.check()
+
+
 def test_guest_that_dies_while_booting_is_booted_again(built):
     """QEMU killed before the command starts (as an OOM kill would): the run says so, with the
     console's tail, boots once more and the command's result is that of the second boot."""
