@@ -14,8 +14,8 @@ takes several intervals to carry out (under a slow tier, a busy machine or emula
 in one call took 5-10 s: the daemon was a phase behind, and its exchanges landed on a hot set
 that had already moved).
 
-That cap needs a measurement, and the throughput can drop. So moves also go in chunks of at
-most CHUNK_PAGES pages, and a move given a ``deadline`` stops starting chunks once it has
+That cap needs a measurement, and the throughput can drop. So moves also go in chunks of
+about CHUNK_PAGES pages, and a move given a ``deadline`` stops starting chunks once it has
 passed: the units left are counted as ``deferred`` (the next interval plans again, on fresher
 counts). The first chunk of a call always goes, so every interval makes progress. (The first
 interval after attach in bench live's phases scenario moved 96 MiB in one call that took
