@@ -93,6 +93,9 @@ THROUGHPUT_HEADROOM = 1.25
 # cut phase-change exchanges that would have ended in 1.2-1.8 s, and the rest waited for the
 # next interval (bench live fuller: 3 intervals to bring a region in, not 2)
 MOVE_TIME_SHARE = 2.0
+# the stats counters summed over the run (the status file's "totals")
+TOTALS = ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_pongs",
+          "forced_demotions", "clipped", "deferred")
 # A read lists only the units accessed since the last one (READ_ACCESSED_ONLY: the cost follows
 # the accessed set); every FULL_READ_EVERY intervals, and at a target's first read, it lists
 # every unit the profiler tracks: that read finds the units that appeared cold (their node
@@ -149,8 +152,7 @@ class Daemon:
         self._reload = False
         self._signal: int | None = None
         self.history: list[dict] = []  # kept short: the last few stats
-        self.totals = {k: 0 for k in ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved",
-                                      "ping_pongs", "forced_demotions", "clipped", "deferred")}
+        self.totals = {k: 0 for k in TOTALS}
         self.started = self.clock.time()
         self._t0 = self.clock.monotonic()
         self.last: dict | None = None
@@ -394,8 +396,7 @@ class Daemon:
             "profiler_scan_s": scan_s,  # kernel-side scan time so far (kmod), summed over targets
             "wall_s": round(time.monotonic() - wall0, 6),
         }
-        for k in ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_pongs",
-                  "forced_demotions", "clipped", "deferred"):
+        for k in TOTALS:
             self.totals[k] += stats[k]
         self.last = stats
         self.history = (self.history + [stats])[-16:]

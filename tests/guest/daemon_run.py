@@ -11,10 +11,11 @@ import threading
 import time
 from pathlib import Path
 
+from pagetier.daemon.loop import TOTALS
+
 PAGETIER = [sys.executable, "-m", "pagetier.cli"]
 NUMAB = Path("/proc/sys/kernel/numa_balancing")
-COUNTERS = ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_pongs",
-            "forced_demotions", "clipped")
+COUNTERS = TOTALS  # the daemon's: what its status file sums
 
 
 class DaemonRun:
