@@ -326,7 +326,7 @@ class Daemon:
             elif acc["deferred"]:  # out of time: the promotions wait for the rest of the room
                 acc["deferred"] += int(st.npages[promote].sum(dtype=np.int64))
                 waiting = len(promote)
-                promote, limit_hit = promote[:0], "throughput"
+                promote, limit_hit = promote[:0], limit_hit or "throughput"
             else:
                 # the kernel may have refused some demotions: plan the promotions again on the
                 # state they left, with the room read again (exchange: they made room for these)
@@ -337,8 +337,8 @@ class Daemon:
                     self.executor.node_full(cfg.fast_node, True, "free memory at its high watermark")
                 self.executor.move(promote, cfg.fast_node, acc, forget, gone_pids, window,
                                    deadline)
-                if acc["deferred"]:
-                    limit_hit = "throughput"
+                if acc["deferred"]:  # a limit the plan hit comes first (e.g. the node's room)
+                    limit_hit = limit_hit or "throughput"
             promoted_pages = acc["moved_pages"]
             move_s = self.clock.monotonic() - t_moves
         clipped = moves.asked - len(moves.demote) - len(promote) - waiting
