@@ -197,6 +197,21 @@ def zone_watermark(node: int, name: str = "high", text: str | None = None,
     return (total if seen else fallback) * page_size
 
 
+def zone_pcp_pages(node: int, text: str | None = None) -> int:
+    """Pages: the free pages on the per-CPU lists of ``node``'s zones (the ``count:`` lines of
+    /proc/zoneinfo's pagesets, or ``text``). MemFree leaves them out until a list drains back."""
+    if text is None:
+        text = Path("/proc/zoneinfo").read_text()
+    total, cur = 0, None
+    for line in text.splitlines():
+        parts = line.split()
+        if line.startswith("Node "):
+            cur = int(parts[1].rstrip(","))
+        elif cur == node and len(parts) == 2 and parts[0] == "count:":
+            total += int(parts[1])
+    return total
+
+
 def node_meminfo(node: int, root: Path = NODE_ROOT) -> dict[str, int]:
     """Bytes from /sys/devices/system/node/nodeN/meminfo (MemTotal, MemFree, ...)."""
     out = {}
