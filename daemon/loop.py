@@ -159,7 +159,12 @@ class Daemon:
         self.control = None
         self._boundary = False  # the policy asked for a decision now
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
-        self._fast_pcp: int | None = None  # the fast node's per-CPU free pages at the last room read
+        # the fast node's per-CPU free pages at the last room read, and the daemon's demoted
+        # pages that may still wait on those lists, counted from _pcp_base (fast_room_pages)
+        self._fast_pcp: int | None = None
+        self._pcp_base = 0
+        self._pcp_ours = 0
+        self._demoted_unread = 0  # pages demoted since the last room read
 
     @property
     def targets(self) -> set[int]:
@@ -198,17 +203,20 @@ class Daemon:
         total = info.get("MemTotal")
         return total // PAGE_SIZE if total else 1 << 62
 
-    def fast_room_pages(self, freed: int = 0) -> int | None:
+    def fast_room_pages(self) -> int | None:
         """Pages the fast node can take before its free memory reaches its high watermark (plus
         ROOM_MARGIN); None when unknown. Below the watermark, move_pages reclaims and retries for
         every page before it answers ENOMEM: minutes under memory pressure, so the daemon does
         not promote into a node that has no room.
 
-        ``freed``: pages just demoted from the fast node. The kernel frees a migrated page to the
-        freeing CPU's per-CPU list, which MemFree leaves out until it drains (test VM: 4 huge
-        pages demoted, MemFree unchanged, the lists' count up by 2,048); the daemon's next
-        allocations on that CPU take from that list first. Up to ``freed`` pages of the lists'
-        growth since the last call count as room."""
+        Pages demoted from the fast node (``_demoted_unread``, since the last call): the kernel
+        frees a migrated page to the freeing CPU's per-CPU list, which MemFree leaves out until it
+        drains (6.12 guest, the fast node near its watermark: every demotion of 4 huge pages
+        left MemFree unchanged and raised the lists' count by 2,048); the daemon's next
+        allocations on that CPU take from that list first. So the lists' growth since before
+        the daemon's demotions counts as room, up to the pages demoted, and shrinks as the
+        lists drain or are taken from: an exchange's promotions find the room its demotions
+        made, in the same interval or a later one."""
         fast = self.cfg.fast_node
         try:
             free = config_mod.node_meminfo(fast, self.cfg.node_root)["MemFree"]
@@ -217,9 +225,14 @@ class Daemon:
             pcp = config_mod.zone_pcp_pages(fast, text)
         except (OSError, KeyError, ValueError):
             return None
-        grown = max(0, pcp - self._fast_pcp) if self._fast_pcp is not None else 0
+        demoted, self._demoted_unread = self._demoted_unread, 0
+        if demoted > 0 and self._fast_pcp is not None:
+            if not self._pcp_ours:
+                self._pcp_base = self._fast_pcp  # the lists before the demotions
+            self._pcp_ours += demoted
+        self._pcp_ours = min(self._pcp_ours, max(0, pcp - self._pcp_base))
         self._fast_pcp = pcp
-        return (free - high - ROOM_MARGIN) // PAGE_SIZE + min(max(0, freed), grown)
+        return (free - high - ROOM_MARGIN) // PAGE_SIZE + self._pcp_ours
 
     def rate_pages(self) -> int:
         return planner.rate_pages(self.cfg.rate, self.cfg.interval)
@@ -332,6 +345,7 @@ class Daemon:
                                     deadline)
             demoted_pages = acc["moved_pages"]
             acc["moved_pages"] = 0
+            self._demoted_unread += demoted_pages
             if not ok:  # ENOMEM: no promotions after it
                 promote, limit_hit = promote[:0], None
             elif acc["deferred"]:  # out of time: the promotions wait for the rest of the room
@@ -341,7 +355,7 @@ class Daemon:
             else:
                 # the kernel may have refused some demotions: plan the promotions again on the
                 # state they left, with the room read again (exchange: they made room for these)
-                room = (self.fast_room_pages(freed=demoted_pages)
+                room = (self.fast_room_pages()
                         if len(promote) or limit_hit == "node" else None)
                 promote, limit_hit = planner.plan_promotions(
                     st, dec.promote, budget, room, limit - demoted_pages, fast=cfg.fast_node)

@@ -950,6 +950,38 @@ def test_exchange_when_the_node_not_the_budget_is_the_limit(tmp_path, freed_to):
     print([(s["promoted"], s["demoted"], s["limit"], s["policy"]["ranked_by"]) for s in stats])
 
 
+def test_room_counts_demoted_pages_on_the_per_cpu_lists(tmp_path):
+    """Pages the daemon demoted that wait on the fast node's per-CPU lists (outside MemFree)
+    count as room until the lists drain or are taken from, never more than were demoted, and
+    never pages other CPUs cached on their own."""
+    node0 = tmp_path / "node" / "node0"
+    node0.mkdir(parents=True)
+    zoneinfo = tmp_path / "zoneinfo"
+    d = make_daemon(tmp_path, node_root=tmp_path / "node")
+    d.cfg.zoneinfo = zoneinfo
+
+    def node(free_pages, pcp):
+        node0.joinpath("meminfo").write_text(f"Node 0 MemFree: {free_pages * 4} kB\n")
+        zoneinfo.write_text("Node 0, zone   Normal\n        high     256\n  pagesets\n"
+                            f"    cpu: 0\n              count: {pcp}\n")
+
+    margin = 256 + 256  # the high watermark and ROOM_MARGIN, in pages
+    node(10_000, 300)
+    assert d.fast_room_pages() == 10_000 - margin  # another CPU's 300 cached pages: not room
+    d._demoted_unread = 2048
+    node(10_000, 300 + 2048)  # the demoted pages went to the list
+    assert d.fast_room_pages() == 10_000 - margin + 2048
+    assert d.fast_room_pages() == 10_000 - margin + 2048  # a later interval: still there
+    node(11_000, 300 + 1048)  # half drained back to the buddy allocator
+    assert d.fast_room_pages() == 11_000 - margin + 1048
+    node(11_000, 300 + 5000)  # the list grew by others' frees: not the daemon's room
+    assert d.fast_room_pages() == 11_000 - margin + 1048
+    node(11_000, 100)  # taken
+    assert d.fast_room_pages() == 11_000 - margin
+    node(11_000, 3000)
+    assert d.fast_room_pages() == 11_000 - margin  # nothing demoted since
+
+
 def test_moves_capped_at_the_measured_throughput(tmp_path):
     """A mover that moves 1,000 pages a second, a 1 s interval and --rate allowing 2,000 pages
     an interval: the first interval moves 2,000 (nothing measured yet); then an interval moves
