@@ -130,6 +130,18 @@ def test_series_and_summary():
     summary = live_table.family_summary(rows)
     assert summary == ("pagetier:heuristic: against kernel tiering in 2 scenario(s): reached 95% "
                        "no later in 1, held within 5 points in 1, moved no more in 1")  # none: no line
+    assert live_table.format_phases(rows) == ""  # one phase each: no section
+
+
+def test_time_to_95_by_phase_listed():
+    shares = [0.1, 0.5, 0.96, 0.99, 0.2, 0.97, 0.99, 0.99, 0.1, 0.3]
+    rows = live_table.add_ratios([
+        live_table.summarize(_rec("kernel", [0.0] * 10, scenario="fuller", phase_s=4)),
+        live_table.summarize(_rec("pagetier:heuristic", shares, scenario="fuller", phase_s=4))])
+    assert live_table.format_phases(rows).splitlines() == [
+        "t95 s by phase                         0     1     2",
+        "fuller kernel                         --    --    --",
+        "fuller pagetier:heuristic            3.0   2.0    --"]
 
 
 def test_scenarios_and_selection():

@@ -62,7 +62,8 @@ HUGE = 2 << 20
 FAST, SLOW = 0, 1
 RESULT_NAME = "bench-live.json"
 VMSTAT_KEYS = ("pgmigrate_success", "pgpromote_success", "pgdemote_kswapd", "pgdemote_direct",
-               "numa_hint_faults", "thp_migration_success")
+               "numa_hint_faults", "thp_migration_success", "thp_migration_split",
+               "thp_migration_fail", "thp_split_page")
 
 
 @dataclass
@@ -622,6 +623,9 @@ def report(doc: dict, command_line: str) -> str:
     if summary:
         head += [summary, ""]
     head.append(live_table.format_series(rows))
+    phases = live_table.format_phases(rows)
+    if phases:
+        head += ["", phases]
     for r in rows:
         if r["runnable"] and r.get("memory_ok") is False:
             head.append(f"WARNING: {r['scenario']} {r['config']}: the workload's memory check failed")

@@ -233,6 +233,20 @@ def format_series(rows: list[dict], step: int = 5) -> str:
     return "\n".join(out)
 
 
+def format_phases(rows: list[dict]) -> str:
+    """The seconds to 95% of each phase ("--": not reached), for scenarios with more than one
+    phase: the fuller-node goal is per phase, and a mean hides a slow one."""
+    runnable = [r for r in rows if r["runnable"] and len(r.get("t95_phases") or ()) > 1]
+    if not runnable:
+        return ""
+    out = [f"{'t95 s by phase':<34}" + "".join(
+        f"{i:>6}" for i in range(max(len(r["t95_phases"]) for r in runnable)))]
+    for r in runnable:
+        label = f"{r.get('scenario') or ''} {r['config']}".strip()
+        out.append(f"{label:<34}" + "".join(f"{_f(t, '.1f', '--'):>6}" for t in r["t95_phases"]))
+    return "\n".join(out)
+
+
 def family_summary(rows: list[dict]) -> str:
     """One line per pagetier configuration: in how many scenarios it reached 95% no later than
     kernel tiering, held within 5 points of it, and moved no more than it."""
