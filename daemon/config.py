@@ -175,41 +175,38 @@ def check_nodes(cfg: Config, root: Path = NODE_ROOT) -> None:
             )
 
 
-def zone_watermark(node: int, name: str = "high", text: str | None = None,
-                   page_size: int = 4096) -> int:
-    """Bytes: the sum over ``node``'s zones of a watermark from /proc/zoneinfo (or ``text``);
-    "promo" falls back to "high" on kernels without it."""
+def _zone_pairs(node: int, text: str | None):
+    """The two-field lines ("high 256", "count: 7") of ``node``'s zones in /proc/zoneinfo (or
+    ``text``), as (name, value)."""
     if text is None:
         text = Path("/proc/zoneinfo").read_text()
-    total, cur, seen, fallback = 0, None, False, 0
+    cur = None
     for line in text.splitlines():
         parts = line.split()
         if line.startswith("Node "):  # "Node 0, zone   Normal"
             cur = int(parts[1].rstrip(","))
-            continue
-        if cur != node or len(parts) != 2:
-            continue
-        if parts[0] == name:
-            total += int(parts[1])
+        elif cur == node and len(parts) == 2:
+            yield parts[0], int(parts[1])
+
+
+def zone_watermark(node: int, name: str = "high", text: str | None = None,
+                   page_size: int = 4096) -> int:
+    """Bytes: the sum over ``node``'s zones of a watermark from /proc/zoneinfo (or ``text``);
+    "promo" falls back to "high" on kernels without it."""
+    total, seen, fallback = 0, False, 0
+    for key, value in _zone_pairs(node, text):
+        if key == name:
+            total += value
             seen = True
-        elif parts[0] == "high":
-            fallback += int(parts[1])
+        elif key == "high":
+            fallback += value
     return (total if seen else fallback) * page_size
 
 
 def zone_pcp_pages(node: int, text: str | None = None) -> int:
     """Pages: the free pages on the per-CPU lists of ``node``'s zones (the ``count:`` lines of
     /proc/zoneinfo's pagesets, or ``text``). MemFree leaves them out until a list drains back."""
-    if text is None:
-        text = Path("/proc/zoneinfo").read_text()
-    total, cur = 0, None
-    for line in text.splitlines():
-        parts = line.split()
-        if line.startswith("Node "):
-            cur = int(parts[1].rstrip(","))
-        elif cur == node and len(parts) == 2 and parts[0] == "count:":
-            total += int(parts[1])
-    return total
+    return sum(value for key, value in _zone_pairs(node, text) if key == "count:")
 
 
 def node_meminfo(node: int, root: Path = NODE_ROOT) -> dict[str, int]:

@@ -162,12 +162,12 @@ class Daemon:
         self.control = None
         self._boundary = False  # the policy asked for a decision now
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
-        # the fast node's per-CPU free pages at the last room read, and the daemon's demoted
-        # pages that may still wait on those lists, counted from _pcp_base (fast_room_pages)
-        self._fast_pcp: int | None = None
-        self._pcp_base = 0
+        # the fast node's per-CPU free pages before the daemon's demotions (None: not read yet),
+        # the demoted pages that may still wait on those lists, and the pages demoted since the
+        # last room read (fast_room_pages)
+        self._pcp_base: int | None = None
         self._pcp_ours = 0
-        self._demoted_unread = 0  # pages demoted since the last room read
+        self._demoted_unread = 0
 
     @property
     def targets(self) -> set[int]:
@@ -229,12 +229,10 @@ class Daemon:
         except (OSError, KeyError, ValueError):
             return None
         demoted, self._demoted_unread = self._demoted_unread, 0
-        if demoted > 0 and self._fast_pcp is not None:
-            if not self._pcp_ours:
-                self._pcp_base = self._fast_pcp  # the lists before the demotions
-            self._pcp_ours += demoted
-        self._pcp_ours = min(self._pcp_ours, max(0, pcp - self._pcp_base))
-        self._fast_pcp = pcp
+        if self._pcp_base is not None:
+            self._pcp_ours = min(self._pcp_ours + demoted, max(0, pcp - self._pcp_base))
+        if not self._pcp_ours:
+            self._pcp_base = pcp  # none of the daemon's pages there: the base follows the lists
         return (free - high - ROOM_MARGIN) // PAGE_SIZE + self._pcp_ours
 
     def rate_pages(self) -> int:
@@ -358,8 +356,7 @@ class Daemon:
             else:
                 # the kernel may have refused some demotions: plan the promotions again on the
                 # state they left, with the room read again (exchange: they made room for these)
-                room = (self.fast_room_pages()
-                        if len(promote) or limit_hit == "node" else None)
+                room = self.fast_room_pages() if len(promote) or limit_hit == "node" else None
                 promote, limit_hit = planner.plan_promotions(
                     st, dec.promote, budget, room, limit - demoted_pages, fast=cfg.fast_node)
                 if limit_hit == "node" and room <= 0:
