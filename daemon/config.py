@@ -185,8 +185,8 @@ def _zone_pairs(node: int, text: str | None):
         parts = line.split()
         if line.startswith("Node "):  # "Node 0, zone   Normal"
             cur = int(parts[1].rstrip(","))
-        elif cur == node and len(parts) == 2:
-            yield parts[0], int(parts[1])
+        elif cur == node and len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            yield parts[0], int(parts[1])  # not "per-node stats"
 
 
 def zone_watermark(node: int, name: str = "high", text: str | None = None,

@@ -780,7 +780,7 @@ def test_promotion_watermark_from_zoneinfo():
 
 def test_per_cpu_free_pages_from_zoneinfo():
     """The pagesets' counts of one node's zones; their "high:" lines are not the watermark."""
-    text = ("Node 0, zone   Normal\n        high     256\n  pagesets\n    cpu: 0\n"
+    text = ("Node 0, zone   Normal\n  per-node stats\n        high     256\n  pagesets\n    cpu: 0\n"
             "              count: 2048\n              high:  4000\n              batch: 63\n"
             "    cpu: 1\n              count: 7\n              high:  4000\n"
             "Node 1, zone   Normal\n  pagesets\n    cpu: 0\n              count: 99\n")
