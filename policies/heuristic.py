@@ -25,8 +25,13 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    free room but never push a resident out (with noise on every huge page, the warm units'
    estimates jump from one interval to the next and they kept trading the spare budget among
    themselves; the reference heat falls among them when their share of all the heat is
-   large, so the bar is taken from the hot set). Demotions come first in the plan and
-   the daemon moves them first, so the promotions find the room freed. The node limit never
+   large, so the bar is taken from the hot set). A warm unit fills free room only when it was
+   above the noise floor before this interval's read as well (``sustained_fill``): a page of
+   sparse noise is above it in the read after its one access and never again, and such pages
+   filled the room every interval, pushed the node over the high watermark and were demoted
+   again (bench live noise1000 without THP: 1.6-2.4 times the hot set moved). Demotions come
+   first in the plan and the daemon moves them first, so the promotions find the room freed.
+   The node limit never
    makes the policy demote by itself (the daemon does not give memory to other tenants);
    fast-node use above ``high_watermark * fast_budget`` is demoted down to ``low_watermark``;
 5. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis; only an
@@ -55,7 +60,11 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    interval (``state.rate``) form a hot set about as large and as hot (its reference at least
    half the last one's) as the last one and overlapping it by less than ``phase_jaccard`` after
    a regular run, this interval ranks by its rates rather than
-   by decayed heat (which would keep the old hot set for another interval or two). A read
+   by decayed heat (which would keep the old hot set for another interval or two). On that
+   one read only units at or above the exchange bar (``exchange_ratio`` times the hot set's
+   median) are promoted, into free room as well: one probe of sparse noise makes many huge
+   units look warm, and filling the spare budget with them at once cost bench live noise1000
+   a third more MB than the hot set. Warm units come in an interval later, on their heat. A read
    that finds under half as many units accessed as the last one (a read that missed most of
    the program's accesses) is not taken as a phase change, nor is a new hot set by decayed
    heat that is under half as hot (reference heat) or as large as the last one: a few
@@ -277,6 +286,7 @@ class Heuristic(Policy):
         gap_ratio: float = 0.1  # ...and promoted - victim heat >= gap_ratio * reference heat
         exchange_ratio: float = 0.25  # ...and promoted heat >= exchange_ratio * hot set's median
         sustained_exchange: bool = True  # ...now and before this interval's read
+        sustained_fill: bool = True  # a warm unit fills free room only if warm before the read
         noise_ratio: float = 0.05  # colder than noise_ratio * reference heat: noise, not promoted
         ref_mass: float = 0.9  # the reference heat: the coldest unit of those carrying this share
         thrash_window: int = 4  # a move within this many intervals of the last is a move-back
@@ -555,9 +565,16 @@ class Heuristic(Policy):
         # those back too cost bench sim 3 more losses, 4% on hotcold-phased); a phase change
         # ranks by rates instead
         steady = None
-        if c.sustained_exchange and rate is not None and not seen_now and decay > 0:
+        warm_before = None
+        if rate is not None and not seen_now and decay > 0:
             before = np.maximum(score - rate, 0.0)
-            steady = np.where(before >= c.min_heat, np.minimum(score, before / decay), score)
+            if c.sustained_exchange:
+                steady = np.where(before >= c.min_heat, np.minimum(score, before / decay), score)
+            if c.sustained_fill:
+                # a unit under the bar (warm, not hot) fills free room only when it was above
+                # the noise floor before this read too: a page of sparse noise is above it in
+                # the read after its one access and never again
+                warm_before = (score >= bar) | (before / decay >= floor)
 
         # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
         # for a few intervals after a phase change the last phase's units are still warm: they
@@ -578,6 +595,10 @@ class Heuristic(Policy):
             still = within if freeze else recent
             margin = c.thrash_margin if throttle else c.margin
             pmask = in_set & ~fast & ~still
+            if seen_now:  # one read's rates: only clearly hot units, warm ones wait (7.)
+                pmask &= score >= bar
+            elif warm_before is not None:
+                pmask &= warm_before
             promo = order[pmask[order]]
             # victims: units free to move first, then those not in the hot set, coldest first
             group = (still[fast_idx].astype(np.int8) << 1) | in_set[fast_idx].astype(np.int8)

@@ -714,6 +714,53 @@ def test_heuristic_phase_change_acted_on_when_seen():
     assert (st.node[16:32] == FAST).all()
 
 
+def test_heuristic_phase_change_moves_only_clearly_hot_units_into_free_room():
+    """At a phase change the policy ranks by one interval's rates: the new hot units move at
+    once, but warm units (under the exchange bar) wait for the next read's heat, even with room
+    to spare. One probe of sparse noise makes many huge units look warm: filling the spare
+    budget with them on that read cost bench live noise1000 a third more MB than the hot set."""
+    n = 64
+
+    def rates(i):
+        r = np.full(n, 0.0)
+        r[:16] = 1000.0 if i < 10 else 0.0
+        if i >= 10:
+            r[16:32] = 1000.0
+            r[32:40] = 200.0  # warm from the change on
+        return r
+
+    st, log = run_intervals(create("heuristic"), rates, npages=1, budget=64, intervals=11)
+    assert log[10][2]["ranked_by"] == "rate" and log[10][2]["phase_change"]
+    assert (st.node[16:32] == FAST).all()  # the new hot set, in the interval of the change
+    assert (st.node[32:40] == SLOW).all()  # the warm units wait...
+    st, log = run_intervals(create("heuristic"), rates, npages=1, budget=64, intervals=14)
+    assert (st.node[32:40] == FAST).all()  # ...and come in once their heat says they are warm
+
+
+@pytest.mark.parametrize("sustained", [True, False])
+def test_heuristic_a_page_touched_once_does_not_fill_free_room(sustained):
+    """Free room, hot units, warm units steadily above the noise floor, and pages of sparse
+    noise: each touched once, above the floor in the read after its access and never again.
+    The warm units fill the room; the noise pages stay where they are, unless sustained_fill
+    is off. (bench live noise1000 without THP: such pages came in every interval, pushed the
+    fast node over its high watermark, and were demoted 5% of the budget at a time.)"""
+    n = 64
+
+    def rates(i):
+        r = np.zeros(n)
+        r[:16] = 1000.0
+        r[16:24] = 60.0  # warm: heat 120 steady, the floor 0.05 * 2000
+        if 3 <= i < 3 + 40:
+            r[24 + i - 3] = 120.0  # one page of noise per interval, once
+        return r
+
+    st, log = run_intervals(create("heuristic", {"sustained_fill": sustained}), rates, npages=1,
+                            budget=64, intervals=30)
+    assert (st.node[:24] == FAST).all()
+    noise_fast = int(np.count_nonzero(st.node[24:] == FAST))
+    assert (noise_fast == 0) == sustained, noise_fast
+
+
 def test_argsort_desc_is_the_stable_descending_argsort():
     from pagetier.policies.heuristic import _argsort_desc
 
