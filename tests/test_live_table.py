@@ -134,14 +134,21 @@ def test_series_and_summary():
 
 
 def test_time_to_95_by_phase_listed():
+    """Per phase, in seconds and, for a pagetier run, in its daemon's intervals: the median
+    time between its reads (the fuller-node goal counts intervals)."""
     shares = [0.1, 0.5, 0.96, 0.99, 0.2, 0.97, 0.99, 0.99, 0.1, 0.3]
+    ours = _rec("pagetier:heuristic", shares, scenario="fuller", phase_s=4)
+    ours["daemon_stats"] = [{"t": t} for t in (0.5, 1.7, 2.9, 4.1, 6.0, 7.2)]  # median 1.2 s
     rows = live_table.add_ratios([
         live_table.summarize(_rec("kernel", [0.0] * 10, scenario="fuller", phase_s=4)),
-        live_table.summarize(_rec("pagetier:heuristic", shares, scenario="fuller", phase_s=4))])
+        live_table.summarize(ours)])
+    assert rows[0]["t95_intervals"] is None and rows[1]["interval_s"] == 1.2
+    assert rows[1]["t95_intervals"] == [2.5, 1.7, None]
     assert live_table.format_phases(rows).splitlines() == [
         "t95 s by phase                         0     1     2",
         "fuller kernel                         --    --    --",
-        "fuller pagetier:heuristic            3.0   2.0    --"]
+        "fuller pagetier:heuristic            3.0   2.0    --",
+        "  in intervals of 1.20 s             2.5   1.7    --"]
 
 
 def test_scenarios_and_selection():
@@ -167,6 +174,13 @@ def test_scenarios_and_selection():
     assert {s.seconds for s in live_bench.select_scenarios("noise,fuller", seconds=7)} == {7}
     with pytest.raises(ConfigError, match="unknown scenario 'nope'"):
         live_bench.select_scenarios("nope")
+    # the daemon's interval in pagetier's runs: shown in the scenario, checked against its length
+    (f,) = live_bench.select_scenarios("fuller", interval=3)
+    assert f.interval_s == 3.0 and f.describe().endswith("; pagetier interval 3 s")
+    assert not table["fuller"].describe().endswith("interval 1 s")
+    for bad in (0.0, 30.0):
+        with pytest.raises(ConfigError, match="--interval must be in"):
+            live_bench.select_scenarios("fuller", interval=bad)
 
 
 def test_config_names():

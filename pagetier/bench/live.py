@@ -83,6 +83,7 @@ class Spec:
     cold_rate: int = 0
     mode: str = "fault"
     scan_period_ms: int = 500
+    interval_s: float = 1.0  # the daemon's --interval in pagetier's runs
 
     def check(self) -> None:
         if self.seconds < 2 or self.phase < 0:
@@ -91,6 +92,9 @@ class Spec:
             raise ConfigError("bench live: need 0 < hot <= size")
         if self.budget_mb <= 0 or self.free_mb() <= 0:
             raise ConfigError("bench live: the fast budget and the node's free memory must be > 0")
+        if not 0.1 <= self.interval_s <= self.seconds / 2:
+            raise ConfigError(f"bench live: --interval must be in [0.1, {self.seconds / 2:g}] s "
+                              f"for {self.name!r} ({self.seconds} s), got {self.interval_s:g}")
 
     def free_mb(self) -> int:
         """What the fast node has free (above its promotion watermark) when a run starts."""
@@ -118,7 +122,8 @@ class Spec:
             what.append(f"cold touches {self.cold_rate}/s")
         what.append("THP" if self.thp else "no THP")
         free = "" if self.node_free_mb is None else f", node free {self.node_free_mb} MiB"
-        return f"{', '.join(what)}; budget {self.budget_mb} MiB{free}; {self.seconds} s"
+        every = "" if self.interval_s == 1.0 else f"; pagetier interval {self.interval_s:g} s"
+        return f"{', '.join(what)}; budget {self.budget_mb} MiB{free}; {self.seconds} s{every}"
 
 
 def scenarios() -> dict[str, Spec]:
@@ -143,7 +148,7 @@ QUICK_NOISE_SECONDS = 40
 
 
 def select_scenarios(names: str | None, quick: bool = False, seconds: int | None = None,
-                     mode: str = "fault") -> list[Spec]:
+                     mode: str = "fault", interval: float | None = None) -> list[Spec]:
     """Scenarios by name or family ('noise' is all eight noise scenarios), in the order given;
     None: all (--quick: the quick subset, noise runs cut to QUICK_NOISE_SECONDS)."""
     table = scenarios()
@@ -168,6 +173,8 @@ def select_scenarios(names: str | None, quick: bool = False, seconds: int | None
         if seconds is not None:
             s.seconds = seconds
         s.mode = mode
+        if interval is not None:
+            s.interval_s = float(interval)
         s.check()
         out.append(s)
     return out
@@ -349,7 +356,7 @@ def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
     from pagetier.daemon.loop import Daemon, create_policy, create_profiler
     from pagetier.daemon.numab import NumaBalancing
 
-    overrides = {"policy": policy, "fast_budget": f"{spec.budget_mb}M", "interval": 1.0,
+    overrides = {"policy": policy, "fast_budget": f"{spec.budget_mb}M", "interval": spec.interval_s,
                  "json": True, "profiler": "kmod",
                  "profiler_options": {"mode": spec.mode, "scan_period_ms": spec.scan_period_ms}}
     cfg = config_mod.load(None, overrides)  # errors here, in the parent
@@ -640,7 +647,8 @@ def report(doc: dict, command_line: str) -> str:
 
 
 def run_in_vm(names, specs: list[Spec], kernel: str, quick: bool = False,
-              seconds: int | None = None, mode: str = "fault", echo: bool = True) -> dict:
+              seconds: int | None = None, mode: str = "fault", echo: bool = True,
+              interval: float | None = None) -> dict:
     """Boots the HMAT VM once and runs every scenario in it (``echo``: the guest's progress to
     stdout as it comes)."""
     from pagetier.workload import binary
@@ -649,6 +657,7 @@ def run_in_vm(names, specs: list[Spec], kernel: str, quick: bool = False,
     cmd = (f"pagetier bench live --in-guest --configs {shlex.quote(','.join(names))} "
            f"--scenarios {shlex.quote(','.join(s.name for s in specs))} --mode {mode} "
            + ("--quick " if quick else "") + (f"--seconds {seconds} " if seconds else "")
+           + (f"--interval {interval:g} " if interval is not None else "")
            + f"-o \"$PAGETIER_VM_OUT/{RESULT_NAME}\"")
     t0 = time.monotonic()
     budget = sum(len(names) * (s.seconds + 120) for s in specs)

@@ -229,6 +229,8 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
                                           "scenario's own)")
 @click.option("--mode", type=click.Choice(["fault", "abit"]), default="fault", show_default=True,
               help="pagetier.ko profiling mode")
+@click.option("--interval", type=float, help="the daemon's interval in pagetier's runs, s "
+                                             "(default 1)")
 @click.option("--list", "list_only", is_flag=True, help="list the scenarios and exit")
 @click.option("--json", "as_json", is_flag=True, help="write only the results, as JSON, to stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="also write the results here")
@@ -236,8 +238,8 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
 @click.option("--in-guest", is_flag=True, hidden=True)
 @click.option("--records", type=click.Path(dir_okay=False), hidden=True,
               help="print the table of a saved results file instead of running")
-def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode, list_only,
-            as_json, output, configs, in_guest, records):
+def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode, interval,
+               list_only, as_json, output, configs, in_guest, records):
     """Compare pagetier's policies with the kernel's tiering, DAMOS and no migration, live in
     the two-node test VM (6.12: the slow node is a lower memory tier), in scenario families:
     noise (0, 10, 100, 1000 accesses per million anywhere, THP on and off), a fast node fuller
@@ -255,7 +257,8 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
             click.echo(f"{s.name:<16} {s.family:<7} {s.describe()}"
                        + ("  (quick)" if s.name in live.QUICK_SCENARIOS else ""))
         return
-    specs = live.select_scenarios(scenario_names, quick=quick, seconds=seconds, mode=mode)
+    specs = live.select_scenarios(scenario_names, quick=quick, seconds=seconds, mode=mode,
+                                  interval=interval)
     if baselines is None:
         baselines = live.QUICK_BASELINES if quick else live.DEFAULT_BASELINES
     names = live.config_names(policies, baselines)
@@ -276,7 +279,7 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
         if not names:
             raise ConfigError("bench live: nothing to run (no policy and no baseline)")
         doc = live.run_in_vm(names, specs, kernel, quick=quick, seconds=seconds, mode=mode,
-                        echo=not as_json)
+                             echo=not as_json, interval=interval)
     doc["command"] = shlex.join(argv)
     rows = live.results(doc)
     if output:
