@@ -31,9 +31,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    filled the room every interval, pushed the node over the high watermark and were demoted
    again (bench live noise1000 without THP: 1.6-2.4 times the hot set moved). Demotions come
    first in the plan and the daemon moves them first, so the promotions find the room freed.
-   The node limit never
-   makes the policy demote by itself (the daemon does not give memory to other tenants);
-   fast-node use above ``high_watermark * fast_budget`` is demoted down to ``low_watermark``;
+   The node limit never makes the policy demote by itself (the daemon does not give memory to
+   other tenants); fast-node use above ``high_watermark * fast_budget`` is demoted down to ``low_watermark``;
 5. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis; only an
    over-budget fast node may demote such units);
 6. throttles. A move-back is a move of a unit moved within ``thrash_window`` intervals; when
@@ -61,10 +60,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    half the last one's) as the last one and overlapping it by less than ``phase_jaccard`` after
    a regular run, this interval ranks by its rates rather than
    by decayed heat (which would keep the old hot set for another interval or two). On that
-   one read only units at or above the exchange bar (``exchange_ratio`` times the hot set's
-   median) are promoted, into free room as well: one probe of sparse noise makes many huge
-   units look warm, and filling the spare budget with them at once cost bench live noise1000
-   a third more MB than the hot set. Warm units come in an interval later, on their heat. A read
+   read ``sustained_fill`` (4.) holds the new phase's warm units back as well: they come an
+   interval later, on their heat; units at the exchange bar move at once. A read
    that finds under half as many units accessed as the last one (a read that missed most of
    the program's accesses) is not taken as a phase change, nor is a new hot set by decayed
    heat that is under half as hot (reference heat) or as large as the last one: a few
@@ -565,16 +562,17 @@ class Heuristic(Policy):
         # those back too cost bench sim 3 more losses, 4% on hotcold-phased); a phase change
         # ranks by rates instead
         steady = None
-        warm_before = None
-        if rate is not None and not seen_now and decay > 0:
-            before = np.maximum(score - rate, 0.0)
-            if c.sustained_exchange:
+        fill_ok = None
+        if rate is not None and decay > 0:
+            before = np.maximum(heat - rate, 0.0)  # the heat before this read, decayed
+            if c.sustained_exchange and not seen_now:
                 steady = np.where(before >= c.min_heat, np.minimum(score, before / decay), score)
             if c.sustained_fill:
-                # a unit under the bar (warm, not hot) fills free room only when it was above
-                # the noise floor before this read too: a page of sparse noise is above it in
-                # the read after its one access and never again
-                warm_before = (score >= bar) | (before / decay >= floor)
+                # a unit under the bar (warm, not hot) fills free room only when its heat was
+                # above the noise floor before this read too: a page of sparse noise is above
+                # it in the read after its one access and never again, and on a phase change's
+                # read the new phase's warm units wait for their heat
+                fill_ok = (score >= bar) | (before / decay >= floor)
 
         # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
         # for a few intervals after a phase change the last phase's units are still warm: they
@@ -595,10 +593,8 @@ class Heuristic(Policy):
             still = within if freeze else recent
             margin = c.thrash_margin if throttle else c.margin
             pmask = in_set & ~fast & ~still
-            if seen_now:  # one read's rates: only clearly hot units, warm ones wait (7.)
-                pmask &= score >= bar
-            elif warm_before is not None:
-                pmask &= warm_before
+            if fill_ok is not None:
+                pmask &= fill_ok
             promo = order[pmask[order]]
             # victims: units free to move first, then those not in the hot set, coldest first
             group = (still[fast_idx].astype(np.int8) << 1) | in_set[fast_idx].astype(np.int8)
