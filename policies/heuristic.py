@@ -32,7 +32,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    again (bench live noise1000 without THP: 1.6-2.4 times the hot set moved). Demotions come
    first in the plan and the daemon moves them first, so the promotions find the room freed.
    The node limit never makes the policy demote by itself (the daemon does not give memory to
-   other tenants); fast-node use above ``high_watermark * fast_budget`` is demoted down to ``low_watermark``;
+   other tenants); fast-node use above ``high_watermark * fast_budget`` is demoted down to
+   ``low_watermark``;
 5. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis; only an
    over-budget fast node may demote such units);
 6. throttles. A move-back is a move of a unit moved within ``thrash_window`` intervals; when
