@@ -40,10 +40,14 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    more than ``thrash_ratio`` of a plan's pages (or of their moving average) are move-backs,
    for the next ``thrash_window`` intervals an exchange needs ``thrash_margin`` instead of
    ``margin`` (the promoted unit three times the victim's heat by default, not 1.25 times),
-   and exchanges use ``throttle_scale`` of the rate limit. Units of about the same heat stop
-   trading places; a unit clearly hotter than the one it would replace still moves, recent
-   mover or not (freezing every recent mover at once kept a wrong placement for
-   ``thrash_window`` intervals after the hot set moved, and after a wrong swap). When the
+   judged on two reads: the candidate's lower estimate (now, and before this read) against
+   the victim's higher one. Exchanges use ``throttle_scale`` of the rate limit. Units of about
+   the same heat stop trading places (with noise on every huge unit, the coldest residents by
+   one read are those whose estimate fell in it, and the hottest candidates those whose
+   estimate jumped: bench live noise1000 moved a sixth of its MB in throttled exchanges); a
+   unit clearly hotter than the one it would replace still moves, recent mover or not
+   (freezing every recent mover at once kept a wrong placement for ``thrash_window``
+   intervals after the hot set moved, and after a wrong swap). When the
    plans made under the throttle still move back more than ``freeze_ratio`` of their pages
    (a moving average), units moved within ``thrash_window`` stay where they are for the next
    ``thrash_window`` intervals ("frozen" in the throttle's reasons). In the interval of a
@@ -59,8 +63,12 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    phase change is acted on in the interval it is seen: when the units accessed in this
    interval (``state.rate``) form a hot set about as large and as hot (its reference at least
    half the last one's) as the last one and overlapping it by less than ``phase_jaccard`` after
-   a regular run, this interval ranks by its rates rather than
-   by decayed heat (which would keep the old hot set for another interval or two). On that
+   a regular run, and with under ``phase_mass`` of this interval's accesses on the last hot
+   set, this interval ranks by its rates rather than by decayed heat (which would keep the
+   old hot set for another interval or two). A read that probed only some of the hot units
+   and ranks noise units next to them overlaps the last hot set little, but most of its
+   accesses are still on it: not a phase change (bench live noise1000 took such reads for
+   one and traded 1-5k pages of noise for noise each time, half of all it moved). On that
    read ``sustained_fill`` (4.) holds the new phase's warm units back as well: they come an
    interval later, on their heat; units at the exchange bar move at once. A read
    that finds under half as many units accessed as the last one (a read that missed most of
@@ -294,7 +302,8 @@ class Heuristic(Policy):
         freeze_ratio: float = 0.5  # move-backs under the throttle above it: freeze recent movers
         history: int = 8  # intervals of hot-set overlap kept to classify the pattern
         regular_jaccard: float = 0.6  # mean overlap at or above it: a regular pattern
-        phase_jaccard: float = 0.3  # overlap below it after a regular run: a phase change
+        phase_jaccard: float = 0.3  # overlap below it after a regular run: a phase change...
+        phase_mass: float = 0.5  # ...with under this share of the read's accesses on the last set
 
         def check(self):
             def bad(key, why):
@@ -333,6 +342,8 @@ class Heuristic(Policy):
                 bad("history", "must be >= 2")
             if not 0 <= self.regular_jaccard <= 1:
                 bad("regular_jaccard", "must be in [0, 1]")
+            if not 0 < self.phase_mass <= 1:
+                bad("phase_mass", "must be in (0, 1]")
             if not 0 <= self.phase_jaccard <= self.regular_jaccard:
                 bad("phase_jaccard", f"must be in [0, regular_jaccard={self.regular_jaccard}]")
 
@@ -384,7 +395,16 @@ class Heuristic(Policy):
             return False
         if len(acc) < 0.5 * self._prev_accessed:
             return False  # far fewer units accessed than in the last interval: no evidence
-        if not self._change_possible(keys_of(acc), npages[acc], c.phase_jaccard):
+        akeys = keys_of(acc)
+        if not self._change_possible(akeys, npages[acc], c.phase_jaccard):
+            return False
+        # most of this read's accesses on the last hot set: the same phase, read in part. With
+        # noise on every huge unit a read that probed few of the hot units ranks noise units
+        # on top, and acting on it as a phase change traded noise units for noise units
+        # (bench live noise1000: 1-5k pages a time, half the MB moved)
+        pos = np.minimum(np.searchsorted(prev, akeys), len(prev) - 1)
+        r = rate[acc]
+        if float(r[prev[pos] == akeys].sum()) >= c.phase_mass * float(r.sum()):
             return False
         order, now_ref, _ = self._hot_order(rate / (1.0 - decay), acc, fast)
         now_set = fill_budget(order, npages, cap)
@@ -563,11 +583,16 @@ class Heuristic(Policy):
         # those back too cost bench sim 3 more losses, 4% on hotcold-phased); a phase change
         # ranks by rates instead
         steady = None
+        peak = None
         fill_ok = None
         if rate is not None and decay > 0:
             before = np.maximum(heat - rate, 0.0)  # the heat before this read, decayed
             if c.sustained_exchange and not seen_now:
                 steady = np.where(before >= c.min_heat, np.minimum(score, before / decay), score)
+                # under the throttle a victim counts as hot as it was before this read too:
+                # with noise on every huge unit the coldest residents are those whose estimate
+                # fell in this read, and the hottest candidates those whose estimate jumped
+                peak = np.maximum(score, before / decay)
             if c.sustained_fill:
                 # a unit under the bar (warm, not hot) fills free room only when its heat was
                 # above the noise floor before this read too: a page of sparse noise is above
@@ -603,8 +628,12 @@ class Heuristic(Policy):
             n_room = int(np.count_nonzero(~still[fidx]))
             if used <= budget:
                 fidx = fidx[:n_room]  # hysteresis holds unless the budget is already exceeded
+            # throttled: both sides judged on two reads, the candidate on the lower of its
+            # estimates (now and before this read), the victim on the higher
+            sure = throttle and steady is not None
             p, d = plan_moves(
-                npages, promo, score[promo], fidx, score[fidx],
+                npages, promo, (steady if sure else score)[promo], fidx,
+                (peak if sure else score)[fidx],
                 used=used, cap=cap_high, must=must, max_moves=max_moves,
                 margin=margin, gap=gap, bar=bar, n_room=n_room,
                 bar_rank=None if steady is None else steady[promo],

@@ -185,6 +185,7 @@ def test_heuristic_throttle_raises_the_exchange_margin():
             pol._throttle_until = now + 2
         st = make_state(heat=[10] * 10 + [hot] * 10, node=[FAST] * 10 + [SLOW] * 10,
                         last_move=[now - 10] * 20, interval=now)  # not move-backs
+        st.a["rate"] = st.heat * 0.5  # steady: the same heat before this read
         return st, pol.decide(st, Context(fast_budget=10, max_moves=100))  # full
 
     st, d = decide(20, False)
@@ -193,6 +194,30 @@ def test_heuristic_throttle_raises_the_exchange_margin():
     assert "move-backs" in d.stats["throttle_reasons"]
     assert pages(st, d.promote) == 0 and pages(st, d.demote) == 0
     st, d = decide(40, True)
+    assert pages(st, d.promote) > 0 and pages(st, d.demote) > 0
+
+
+def test_heuristic_throttled_exchange_judges_both_units_on_two_reads():
+    """Throttled, a candidate whose estimate jumped in this read (heat 40, 5 before) and a
+    resident whose estimate fell in it (heat 10, 20 before): by this read alone 4x apart, by
+    two reads no clearer than each other, so no exchange. A candidate hot in both reads still
+    evicts a resident cold in both."""
+    now = 100
+
+    def decide(cand_heat, cand_rate, res_heat, res_rate):
+        pol = create("heuristic")
+        pol._throttle_until = now + 2  # as after an interval with move-backs
+        st = make_state(heat=[res_heat] * 10 + [cand_heat] * 10, node=[FAST] * 10 + [SLOW] * 10,
+                        last_move=[now - 10] * 20, interval=now)  # not move-backs
+        st.a["rate"] = [res_rate] * 10 + [cand_rate] * 10
+        return st, pol.decide(st, Context(fast_budget=10, max_moves=100))  # full
+
+    # heat = rate + decay * heat before: 40 = 37.5 + 2.5 (5 before); 10 = 0 + 10 (20 before)
+    st, d = decide(40.0, 37.5, 10.0, 0.0)
+    assert "move-backs" in d.stats["throttle_reasons"]
+    assert pages(st, d.promote) == 0 and pages(st, d.demote) == 0
+    # 40 = 20 + 20 (40 before), 10 = 5 + 5 (10 before): 4x apart in both reads
+    st, d = decide(40.0, 20.0, 10.0, 5.0)
     assert pages(st, d.promote) > 0 and pages(st, d.demote) > 0
 
 
@@ -712,6 +737,39 @@ def test_heuristic_phase_change_acted_on_when_seen():
                             capacity=lambda s: 20)
     assert log[10][2]["ranked_by"] == "rate" and log[10][2]["phase_change"]
     assert (st.node[16:32] == FAST).all()
+
+
+@pytest.mark.parametrize("phase_mass", [0.5, 1.0])
+def test_heuristic_a_read_that_probed_few_hot_units_is_no_phase_change(phase_mass):
+    """Hot units and noise on every other unit; one read sees only 6 of the 16 hot units, and
+    the noise units it ranks next to them are others than before. By overlap alone that read
+    is a new hot set, but most of its accesses are still on the last hot set: no phase change
+    (bench live noise1000: such reads traded 1-5k pages of noise for noise). With phase_mass
+    1.0 (the overlap alone) it is taken for one, and hot units go out for noise."""
+    n = 64
+    rng = np.random.default_rng(5)
+    before = rng.uniform(55.0, 150.0, n - 16)  # above the noise floor (0.05 * 2000)
+    after = rng.permutation(before)
+
+    def rates(i):
+        r = np.empty(n)
+        r[:16] = 1000.0
+        r[16:] = before
+        if i == 10:
+            r[6:16] = 0.0  # the read missed most hot units
+            r[16:] = after
+        return r
+
+    pol = create("heuristic", {"phase_mass": phase_mass})
+    st, log = run_intervals(pol, rates, npages=1, budget=24, intervals=11,
+                            capacity=lambda s: 24)
+    stats = log[10][2]
+    if phase_mass < 1:
+        assert stats["ranked_by"] == "heat" and not stats["phase_change"], stats
+        assert (st.node[:16] == FAST).all()
+    else:  # taken for a phase change, the read pushed hot units out for noise
+        assert stats["ranked_by"] == "rate" and stats["phase_change"], stats
+        assert not (st.node[:16] == FAST).all()
 
 
 def test_heuristic_phase_change_moves_only_clearly_hot_units_into_free_room():
