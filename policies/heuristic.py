@@ -33,7 +33,12 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    first in the plan and the daemon moves them first, so the promotions find the room freed.
    The node limit never makes the policy demote by itself (the daemon does not give memory to
    other tenants); fast-node use above ``high_watermark * fast_budget`` is demoted down to
-   ``low_watermark``;
+   ``low_watermark``, and in that interval warm units (under the exchange bar) are not
+   promoted: only hot units refill the band. (Pages come onto and leave the fast node
+   without the daemon's moves: in bench live noise1000, hundreds an interval while the
+   kernel split huge pages it could not migrate whole, the units listed growing from 500 to
+   10,000; refilling the band with warm units at once demoted and promoted 1-2k pages of
+   noise every other interval.)
 5. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis; only an
    over-budget fast node may demote such units);
 6. throttles. A move-back is a move of a unit moved within ``thrash_window`` intervals; when
@@ -78,7 +83,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
 
 Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
 pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate" or None),
-``exchange``, ``noise_floor``, ``reference_heat``, the throttle's reasons and ``move_back_pages``.
+``exchange``, ``noise_floor``, ``reference_heat``, the throttle's reasons, ``move_back_pages``
+and ``phase_check``: which test (7.) ruled out a phase change by this interval's rates.
 
 Everything is vectorized numpy; the policy keeps only the previous hot set's keys (sorted
 ``(target << 48) | (addr >> 12)``, so it survives units appearing and disappearing) and a few
@@ -230,6 +236,14 @@ def plan_moves(
     return promote.astype(np.int64), victims[:j].astype(np.int64)
 
 
+def _member_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Which of ``a`` are in ``b`` (``b`` sorted)."""
+    if not len(b):
+        return np.zeros(len(a), bool)
+    pos = np.minimum(np.searchsorted(b, a), len(b) - 1)
+    return b[pos] == a
+
+
 def _argsort_desc(x: np.ndarray) -> np.ndarray:
     """``np.argsort(-x, kind="stable")`` (largest first, ties in index order), several times
     faster for non-negative float64 ``x``.
@@ -350,6 +364,7 @@ class Heuristic(Policy):
     def __init__(self, config=None):
         super().__init__(config)
         self._prev_hot: np.ndarray | None = None  # sorted keys of the last hot set
+        self._phase_check = None  # which test ruled out a phase change by rates, in stats
         self._prev_hot_pages = 0
         self._prev_ref = 0.0  # the last reference heat
         self._prev_accessed = 0  # units accessed in the last interval
@@ -383,35 +398,43 @@ class Heuristic(Policy):
         """Whether this interval's rates alone show a new hot set (a phase change seen now,
         before decayed heat catches up): a regular history, a set of units accessed now about
         as large as the last hot set, and little overlap with it. ``keys_of(idx)``: the units'
-        keys."""
+        keys. ``self._phase_check`` says which test ruled a change out (None: none did, or
+        there was nothing to test)."""
         c = self.config
+        self._phase_check = None
+
+        def no(why):
+            self._phase_check = why
+            return False
+
         prev = self._prev_hot
         if prev is None or not len(prev) or not self._overlap:
             return False
         if float(np.mean(self._overlap)) < c.regular_jaccard:
-            return False
+            return no("irregular")
         acc = np.flatnonzero(known & (rate > 0))
         if not len(acc):
-            return False
+            return no("nothing accessed")
         if len(acc) < 0.5 * self._prev_accessed:
-            return False  # far fewer units accessed than in the last interval: no evidence
+            return no("few accessed")  # far fewer units accessed than last time: no evidence
         akeys = keys_of(acc)
         if not self._change_possible(akeys, npages[acc], c.phase_jaccard):
-            return False
+            return no("overlap")
         # most of this read's accesses on the last hot set: the same phase, read in part. With
         # noise on every huge unit a read that probed few of the hot units ranks noise units
         # on top, and acting on it as a phase change traded noise units for noise units
         # (bench live noise1000: 1-5k pages a time, half the MB moved)
-        pos = np.minimum(np.searchsorted(prev, akeys), len(prev) - 1)
         r = rate[acc]
-        if float(r[prev[pos] == akeys].sum()) >= c.phase_mass * float(r.sum()):
-            return False
+        if float(r[_member_sorted(akeys, prev)].sum()) >= c.phase_mass * float(r.sum()):
+            return no("mass")
         order, now_ref, _ = self._hot_order(rate / (1.0 - decay), acc, fast)
         now_set = fill_budget(order, npages, cap)
         if not self._like_last(now_ref, int(npages[now_set].sum())):
-            return False  # noise, or a short or partial read that missed the hot set
+            return no("weak")  # noise, or a short or partial read that missed the hot set
         keys = np.sort(keys_of(now_set))
-        return _jaccard_sorted(keys, prev) < c.phase_jaccard
+        if _jaccard_sorted(keys, prev) >= c.phase_jaccard:
+            return no("overlap")
+        return True
 
     def _like_last(self, ref: float, pages: int) -> bool:
         """Whether a hot set of reference heat ``ref`` and ``pages`` pages is at least half as
@@ -500,6 +523,7 @@ class Heuristic(Policy):
         # 0. a phase change seen in this interval's rates: rank by them, not by decayed heat
         score = heat
         seen_now = False
+        self._phase_check = None
         if rate is not None and self._rate_phase_change(keys_of, decay, rate, known, fast, npages,
                                                         cap_low):
             score = rate / (1.0 - decay) + 1e-6 * heat  # a steady rate's heat; heat breaks ties
@@ -621,6 +645,8 @@ class Heuristic(Policy):
             pmask = in_set & ~fast & ~still
             if fill_ok is not None:
                 pmask &= fill_ok
+            if must:
+                pmask &= score >= bar  # warm units do not refill what the watermark demoted
             promo = order[pmask[order]]
             # victims: units free to move first, then those not in the hot set, coldest first
             group = (still[fast_idx].astype(np.int8) << 1) | in_set[fast_idx].astype(np.int8)
@@ -710,6 +736,7 @@ class Heuristic(Policy):
             "pattern": pattern,
             "phase_change": change,
             "ranked_by": "rate" if seen_now else "heat",
+            "phase_check": self._phase_check,
             "jaccard": jaccard,
             "interval_scale": scale,
             "throttled": bool(reasons),

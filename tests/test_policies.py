@@ -141,6 +141,29 @@ def test_heuristic_watermark_demotes_coldest():
     assert fast_after(st, d, ctx) == 90
 
 
+def test_heuristic_after_a_watermark_demotion_warm_units_do_not_refill_the_band():
+    """Over the high watermark (pages came onto the fast node without the daemon's moves),
+    with warm units (under the exchange bar) in the hot set still on the slow node: the policy
+    demotes down to the low watermark and leaves the band free. A hot unit still comes in.
+    (bench live noise1000: pages of split and collapsed huge pages came onto the node, and
+    each watermark demotion was refilled with warm noise at once, 1-2k pages every other
+    interval.)"""
+    # 60 hot residents, 41 warm ones, 4 warm slow units ranked in the hot set
+    heat = np.r_[np.full(60, 100.0), np.full(41, 10.0), np.full(4, 11.0)]
+    st = make_state(heat=heat, node=[FAST] * 101 + [SLOW] * 4)
+    st.a["rate"] = st.heat * 0.5  # steady
+    ctx = Context(fast_budget=100)  # 101 used > 100: down to 95
+    d = create("heuristic").decide(st, ctx)
+    check_invariants(st, d, ctx)
+    assert len(d.promote) == 0 and fast_after(st, d, ctx) == 95
+    # one of the slow units hot: it comes in
+    st.a["heat"][101] = 400.0
+    st.a["rate"][101] = 200.0
+    d = create("heuristic").decide(st, ctx)
+    check_invariants(st, d, ctx)
+    assert list(d.promote) == [101] and fast_after(st, d, ctx) == 96
+
+
 def test_heuristic_throttles_when_hot_set_exceeds_budget():
     st = make_state(heat=np.full(1000, 50.0), node=[SLOW] * 1000)
     ctx = Context(fast_budget=100, max_moves=40)
@@ -766,6 +789,7 @@ def test_heuristic_a_read_that_probed_few_hot_units_is_no_phase_change(phase_mas
     stats = log[10][2]
     if phase_mass < 1:
         assert stats["ranked_by"] == "heat" and not stats["phase_change"], stats
+        assert stats["phase_check"] == "mass", stats  # the test that ruled it out
         assert (st.node[:16] == FAST).all()
     else:  # taken for a phase change, the read pushed hot units out for noise
         assert stats["ranked_by"] == "rate" and stats["phase_change"], stats
