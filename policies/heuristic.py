@@ -44,8 +44,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
 6. throttles. A move-back is a move of a unit moved within ``thrash_window`` intervals; when
    more than ``thrash_ratio`` of a plan's pages (or of their moving average) are move-backs,
    for the next ``thrash_window`` intervals an exchange needs ``thrash_margin`` instead of
-   ``margin`` (the promoted unit three times the victim's heat by default, not 1.25 times),
-   judged on two reads: the candidate's lower estimate (now, and before this read) against
+   ``margin`` (the promoted unit more than four times the victim's heat by default, not 1.25
+   times: pagetier.ko's probe windows are 4 times apart, so two units one window apart are
+   not told apart by one estimate), judged on two reads: the candidate's lower estimate (now, and before this read) against
    the victim's higher one. Exchanges use ``throttle_scale`` of the rate limit. Units of about
    the same heat stop trading places (with noise on every huge unit, the coldest residents by
    one read are those whose estimate fell in it, and the hottest candidates those whose
@@ -312,7 +313,7 @@ class Heuristic(Policy):
         thrash_window: int = 4  # a move within this many intervals of the last is a move-back
         thrash_ratio: float = 0.05  # move-backs / moves above which the policy throttles
         throttle_scale: float = 0.25  # fraction of max_moves exchanges use while throttled
-        thrash_margin: float = 2.0  # while throttled, exchanges need this margin
+        thrash_margin: float = 3.0  # while throttled, exchanges need this margin
         freeze_ratio: float = 0.5  # move-backs under the throttle above it: freeze recent movers
         history: int = 8  # intervals of hot-set overlap kept to classify the pattern
         regular_jaccard: float = 0.6  # mean overlap at or above it: a regular pattern

@@ -151,6 +151,19 @@ def test_time_to_95_by_phase_listed():
         "  in intervals of 1.20 s             2.5   1.7    --"]
 
 
+def test_runs_with_huge_pages_split_to_migrate_are_named():
+    """A run in which the kernel split huge pages to migrate them is named under the table,
+    with the count: its MB moved is not comparable with a run without splits."""
+    ours = _rec("pagetier:heuristic", [0.5, 1.0], scenario="noise1000")
+    ours["vmstat"]["thp_migration_split"] = 19
+    kern = _rec("kernel", [0.5, 1.0], scenario="noise1000")
+    kern["vmstat"]["thp_migration_split"] = 0
+    rows = live_table.add_ratios([live_table.summarize(kern), live_table.summarize(ours)])
+    assert live_table.format_splits(rows) == (
+        "huge pages split to migrate (thp_migration_split): noise1000 pagetier:heuristic 19")
+    assert live_table.format_splits(rows[:1]) == ""
+
+
 def test_scenarios_and_selection():
     table = live_bench.scenarios()
     noise = [s for s in table.values() if s.family == "noise"]

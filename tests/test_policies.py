@@ -199,7 +199,8 @@ def test_heuristic_throttles_on_move_backs():
 
 def test_heuristic_throttle_raises_the_exchange_margin():
     """While throttled, an exchange needs thrash_margin: a unit 2x hotter than a fast unit
-    swaps with it unthrottled (margin 0.25) but not throttled; one 4x hotter still does."""
+    swaps with it unthrottled (margin 0.25) but not throttled, nor does one 4x hotter (one
+    probe window apart); one 5x hotter still does."""
     now = 100
 
     def decide(hot, throttled):
@@ -217,14 +218,15 @@ def test_heuristic_throttle_raises_the_exchange_margin():
     assert "move-backs" in d.stats["throttle_reasons"]
     assert pages(st, d.promote) == 0 and pages(st, d.demote) == 0
     st, d = decide(40, True)
+    assert pages(st, d.promote) == 0 and pages(st, d.demote) == 0
+    st, d = decide(50, True)
     assert pages(st, d.promote) > 0 and pages(st, d.demote) > 0
 
 
 def test_heuristic_throttled_exchange_judges_both_units_on_two_reads():
-    """Throttled, a candidate whose estimate jumped in this read (heat 40, 5 before) and a
-    resident whose estimate fell in it (heat 10, 20 before): by this read alone 4x apart, by
-    two reads no clearer than each other, so no exchange. A candidate hot in both reads still
-    evicts a resident cold in both."""
+    """Throttled, a candidate steadily at heat 50 and a resident whose estimate fell in this
+    read (heat 10, 20 before): by this read alone 5 times apart, by two reads not more than 4
+    times (one probe window), so no exchange. The same resident steadily at 10 is evicted."""
     now = 100
 
     def decide(cand_heat, cand_rate, res_heat, res_rate):
@@ -235,12 +237,12 @@ def test_heuristic_throttled_exchange_judges_both_units_on_two_reads():
         st.a["rate"] = [res_rate] * 10 + [cand_rate] * 10
         return st, pol.decide(st, Context(fast_budget=10, max_moves=100))  # full
 
-    # heat = rate + decay * heat before: 40 = 37.5 + 2.5 (5 before); 10 = 0 + 10 (20 before)
-    st, d = decide(40.0, 37.5, 10.0, 0.0)
+    # heat = rate + decay * heat before: 50 = 25 + 25 (50 before); 10 = 0 + 10 (20 before)
+    st, d = decide(50.0, 25.0, 10.0, 0.0)
     assert "move-backs" in d.stats["throttle_reasons"]
     assert pages(st, d.promote) == 0 and pages(st, d.demote) == 0
-    # 40 = 20 + 20 (40 before), 10 = 5 + 5 (10 before): 4x apart in both reads
-    st, d = decide(40.0, 20.0, 10.0, 5.0)
+    # 10 = 5 + 5 (10 before): 5 times apart in both reads
+    st, d = decide(50.0, 25.0, 10.0, 5.0)
     assert pages(st, d.promote) > 0 and pages(st, d.demote) > 0
 
 

@@ -633,6 +633,9 @@ def report(doc: dict, command_line: str) -> str:
     phases = live_table.format_phases(rows)
     if phases:
         head += ["", phases]
+    splits = live_table.format_splits(rows)
+    if splits:
+        head += ["", splits]
     for r in rows:
         if r["runnable"] and r.get("memory_ok") is False:
             head.append(f"WARNING: {r['scenario']} {r['config']}: the workload's memory check failed")

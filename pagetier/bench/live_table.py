@@ -246,6 +246,19 @@ def format_series(rows: list[dict], step: int = 5) -> str:
     return "\n".join(out)
 
 
+def format_splits(rows: list[dict]) -> str:
+    """The runs in which the kernel split huge pages to migrate them (vmstat
+    thp_migration_split: the target node had no free 2 MiB block), one line; "" if none. Their
+    pieces are listed as 4 KiB units from then on, and the page counts on each node shift
+    between reads without anyone's moves, so such a run's MB moved is not comparable with one
+    without splits."""
+    runs = [f"{r.get('scenario') or ''} {r['config']} {r['vmstat']['thp_migration_split']}".strip()
+            for r in rows if r["runnable"] and (r.get("vmstat") or {}).get("thp_migration_split")]
+    if not runs:
+        return ""
+    return "huge pages split to migrate (thp_migration_split): " + ", ".join(runs)
+
+
 def format_phases(rows: list[dict]) -> str:
     """The seconds to 95% of each phase ("--": not reached), for scenarios with more than one
     phase: the fuller-node goal is per phase, and a mean hides a slow one. Under a pagetier
