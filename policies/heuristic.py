@@ -37,7 +37,7 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    promoted: only hot units refill the band. (Pages come onto and leave the fast node
    without the daemon's moves: in bench live noise1000, hundreds an interval while the
    kernel split huge pages it could not migrate whole, the units listed growing from 500 to
-   10,000; refilling the band with warm units at once demoted and promoted 1-2k pages of
+   6,000-10,000; refilling the band with warm units at once demoted and promoted 1-2k pages of
    noise every other interval.)
 5. never moves a unit that moved in the last ``min_residency`` intervals (hysteresis; only an
    over-budget fast node may demote such units);
@@ -46,14 +46,14 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    for the next ``thrash_window`` intervals an exchange needs ``thrash_margin`` instead of
    ``margin`` (the promoted unit more than four times the victim's heat by default, not 1.25
    times: pagetier.ko's probe windows are 4 times apart, so two units one window apart are
-   not told apart by one estimate), judged on two reads: the candidate's lower estimate (now, and before this read) against
-   the victim's higher one. Exchanges use ``throttle_scale`` of the rate limit. Units of about
-   the same heat stop trading places (with noise on every huge unit, the coldest residents by
-   one read are those whose estimate fell in it, and the hottest candidates those whose
-   estimate jumped: bench live noise1000 moved a sixth of its MB in throttled exchanges); a
-   unit clearly hotter than the one it would replace still moves, recent mover or not
-   (freezing every recent mover at once kept a wrong placement for ``thrash_window``
-   intervals after the hot set moved, and after a wrong swap). When the
+   not told apart by one estimate), judged on two reads: the candidate's lower estimate (now,
+   and before this read) against the victim's higher one. Exchanges use ``throttle_scale`` of
+   the rate limit. Units of about the same heat stop trading places (with noise on every huge
+   unit, the coldest residents by one read are those whose estimate fell in it, and the
+   hottest candidates those whose estimate jumped: bench live noise1000 moved a sixth of its
+   MB in throttled exchanges); a unit clearly hotter than the one it would replace still
+   moves, recent mover or not (freezing every recent mover at once kept a wrong placement for
+   ``thrash_window`` intervals after the hot set moved, and after a wrong swap). When the
    plans made under the throttle still move back more than ``freeze_ratio`` of their pages
    (a moving average), units moved within ``thrash_window`` stay where they are for the next
    ``thrash_window`` intervals ("frozen" in the throttle's reasons). In the interval of a
@@ -399,10 +399,9 @@ class Heuristic(Policy):
         """Whether this interval's rates alone show a new hot set (a phase change seen now,
         before decayed heat catches up): a regular history, a set of units accessed now about
         as large as the last hot set, and little overlap with it. ``keys_of(idx)``: the units'
-        keys. ``self._phase_check`` says which test ruled a change out (None: none did, or
-        there was nothing to test)."""
+        keys. Sets ``self._phase_check`` to the test that ruled a change out (decide resets
+        it)."""
         c = self.config
-        self._phase_check = None
 
         def no(why):
             self._phase_check = why
@@ -452,8 +451,7 @@ class Heuristic(Policy):
         (prev_pages / 2 - Xp) / smax <= I < pj * (P + X). In a steady phase (almost every
         accessed unit in the last hot set) it cannot, and the ranking is skipped."""
         prev = self._prev_hot
-        pos = np.minimum(np.searchsorted(prev, akeys), len(prev) - 1)
-        kept = prev[pos] == akeys
+        kept = _member_sorted(akeys, prev)
         new_pages = int(apages[~kept].sum(dtype=np.int64))
         need = 0.5 * self._prev_hot_pages - new_pages  # pages the kept units must bring
         if need <= 0:
@@ -550,8 +548,7 @@ class Heuristic(Policy):
                 pool, complete = state.coldest(ctx.fast_node, n)
                 lm = state.last_move[pool].astype(np.int64)
                 within_p = (lm != NEVER) & (now - lm <= c.thrash_window)
-                hp = np.minimum(np.searchsorted(hs, pool), max(0, len(hs) - 1))
-                free = ~within_p & ~((hs[hp] == pool) if len(hs) else np.zeros(len(pool), bool))
+                free = ~within_p & ~_member_sorted(pool, hs)
                 if seen_now:
                     free &= state.rate[pool] <= 0
                 if complete or int(state.npages[pool][free].sum(dtype=np.int64)) >= need:
@@ -608,16 +605,11 @@ class Heuristic(Policy):
         # those back too cost bench sim 3 more losses, 4% on hotcold-phased); a phase change
         # ranks by rates instead
         steady = None
-        peak = None
         fill_ok = None
         if rate is not None and decay > 0:
             before = np.maximum(heat - rate, 0.0)  # the heat before this read, decayed
             if c.sustained_exchange and not seen_now:
                 steady = np.where(before >= c.min_heat, np.minimum(score, before / decay), score)
-                # under the throttle a victim counts as hot as it was before this read too:
-                # with noise on every huge unit the coldest residents are those whose estimate
-                # fell in this read, and the hottest candidates those whose estimate jumped
-                peak = np.maximum(score, before / decay)
             if c.sustained_fill:
                 # a unit under the bar (warm, not hot) fills free room only when its heat was
                 # above the noise floor before this read too: a page of sparse noise is above
@@ -656,11 +648,13 @@ class Heuristic(Policy):
             if used <= budget:
                 fidx = fidx[:n_room]  # hysteresis holds unless the budget is already exceeded
             # throttled: both sides judged on two reads, the candidate on the lower of its
-            # estimates (now and before this read), the victim on the higher
+            # estimates (now and before this read), the victim on the higher. With noise on
+            # every huge unit the coldest residents by one read are those whose estimate fell
+            # in it, and the hottest candidates those whose estimate jumped
             sure = throttle and steady is not None
             p, d = plan_moves(
                 npages, promo, (steady if sure else score)[promo], fidx,
-                (peak if sure else score)[fidx],
+                np.maximum(score[fidx], before[fidx] / decay) if sure else score[fidx],
                 used=used, cap=cap_high, must=must, max_moves=max_moves,
                 margin=margin, gap=gap, bar=bar, n_room=n_room,
                 bar_rank=None if steady is None else steady[promo],

@@ -145,7 +145,7 @@ def test_heuristic_after_a_watermark_demotion_warm_units_do_not_refill_the_band(
     """Over the high watermark (pages came onto the fast node without the daemon's moves),
     with warm units (under the exchange bar) in the hot set still on the slow node: the policy
     demotes down to the low watermark and leaves the band free. A hot unit still comes in.
-    (bench live noise1000: pages of split and collapsed huge pages came onto the node, and
+    (bench live noise1000: pages of split huge pages came onto the node, and
     each watermark demotion was refilled with warm noise at once, 1-2k pages every other
     interval.)"""
     # 60 hot residents, 41 warm ones, 4 warm slow units ranked in the hot set
