@@ -112,6 +112,10 @@ def test_backend_finds_hot_set(name, kernel_series, tmp_path, request):
     # what a user looks at in the trace: per page, the hot range hotter than the rest (over the
     # reads after the first; a starved recorder may have made only one)
     if per:
+        if name.startswith("damon") and hot == cold == 0:
+            # seen on 6.12 under TCG (CI of 2026-11-26): DAMON counted in the first read only,
+            # nothing in the reads after it; like a run that counts nothing, an XFAIL
+            pytest.xfail("DAMON counted nothing after its first read under TCG")
         assert hot > cold, f"{name}: hot range {hot:.3f}/s per page, the rest {cold:.3f}/s"
 
 
