@@ -40,6 +40,10 @@ intervals at most), or one interval after the start with a profiler that gives n
 decision needs counts to rest on. The next ones come an interval apart, each ending just after
 the first end of one of the profiler's sampling periods (pagetier.ko: a scan and its probes)
 within half a period of when it is due, so that every read carries the newest estimates.
+After an idle read (no unit with an access rate: the targets have not started, or paused) the
+next one comes at the first end of a period instead (pagetier.ko: about 0.6 s in the test VM at
+a 500 ms scan period, against 1.1-1.2 s intervals), so the accesses that end an idle stretch are
+acted on a period after they start; such an *early* read shares the idle interval's rate limit.
 Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
 status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
 policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
@@ -162,6 +166,7 @@ class Daemon:
         self.control = None
         self._boundary = False  # the policy asked for a decision now
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
+        self._idle = False  # the last read found no access rate: read again at a period's end
         # the fast node's per-CPU free pages before the daemon's demotions (None: not read yet),
         # the demoted pages that may still wait on those lists, and the pages demoted since the
         # last room read (fast_room_pages)
@@ -293,13 +298,17 @@ class Daemon:
         cpu0, wall0 = time.process_time(), time.monotonic()
         cfg, st = self.cfg, self.state
         merge_s = 0.0
+        early = not boundary and self._idle
         if not boundary:
             st.begin_interval()
             if st.interval % STUCK_RETRY == 0:
                 st.unstick()
-            self._interval_moved = 0
+            if not early:  # a read early after an idle one shares that interval's rate
+                self._interval_moved = 0
             for pid in sorted(self.targets):
                 merge_s += self.read_target(pid)
+            touched = st.touched()
+            self._idle = not bool((st.rate[touched] > 0).any()) if len(touched) else True
         self.executor.fill_nodes()
         scan_s = self._profiler_scan_s()
 
@@ -384,6 +393,9 @@ class Daemon:
         stats = {
             "interval": st.interval,
             "boundary": boundary,
+            # read at the end of the profiler's first period after an idle read (no access
+            # rate in it), not a whole interval later
+            "early": early,
             "t": round(self.clock.monotonic() - self._t0, 3),
             "targets": len(self.targets),
             "units": len(st),
@@ -490,7 +502,7 @@ class Daemon:
             if self.child is not None and self.child.poll() is not None:
                 return
 
-    def _wait_next_read(self, t: float, deadline: float | None) -> None:
+    def _wait_next_read(self, t: float, deadline: float | None, soon: bool = False) -> None:
         """Wait for the next interval, due ``cfg.interval`` after ``t`` (this one's start).
 
         With a profiler whose estimates come at the end of each sampling period (pagetier.ko:
@@ -498,7 +510,11 @@ class Daemon:
         every target within half a period (half an interval, if shorter) of that time, and at
         the end of that window otherwise: reads follow the profiler's periods. At a random
         point of a period, a read would often come just before a scan's probes end, and its
-        estimates would be a period old (a new hot set promoted one interval later)."""
+        estimates would be a period old (a new hot set promoted one interval later).
+
+        ``soon`` (the last read was idle: no unit had an access rate): the interval ends at the
+        first end of a period for every target, however soon, so that the first accesses after
+        an idle stretch are read one period after they start, not up to an interval later."""
         until = t + self.cfg.interval
         period = float(getattr(self.profiler, "period_s", 0.0))
         half = min(period, self.cfg.interval) / 2
@@ -508,6 +524,8 @@ class Daemon:
             self._wait(until if deadline is None else min(until, deadline))
             return
         lo, hi = until - half, until + half
+        if soon:
+            lo = self.clock.monotonic()
         if deadline is not None:
             lo, hi = min(lo, deadline), min(hi, deadline)
         self._wait(lo)
@@ -656,7 +674,7 @@ class Daemon:
                 if deadline is not None and self.clock.monotonic() >= deadline:
                     self.stop_reason = f"--duration {duration:g} s reached"
                     break
-                self._wait_next_read(t, deadline)
+                self._wait_next_read(t, deadline, soon=self._idle)
             log.info("stopping: %s", self.stop_reason)
             report.log_top_allocations()
         finally:

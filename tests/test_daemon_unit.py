@@ -380,6 +380,48 @@ def test_reads_follow_the_profilers_periods(tmp_path, stalled):
         assert np.all(since <= 0.02 + 1e-9), since
 
 
+def test_an_idle_read_is_followed_by_one_at_the_next_period_end(tmp_path):
+    """A read with no access rate (the target has not started its accesses) is followed by one
+    at the next end of a profiler period, not a whole interval later: the accesses that end an
+    idle stretch are promoted a period after they start. Once reads find accesses, intervals
+    are an interval long again."""
+    start = 2.6  # the target starts its accesses here
+    addr = 0x7f0000000000 + np.arange(256, dtype=np.uint64) * np.uint64(4096)
+
+    def source(pid, i):
+        busy = clock.monotonic() - d._t0 >= start
+        return addr, np.where(np.arange(256) < 16, 10 if busy else 0, 0), 1, 1
+
+    prof = StubProfiler(source=source)
+    prof.period_s = 0.5
+    d, clock = run_for(tmp_path, interval=1.0, duration=7.0, prof=prof)
+    ends = 0.13 + 0.5 * np.arange(20)
+    prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
+    steps, early = [], []
+    orig = d.step
+
+    def step(boundary=False):
+        steps.append(clock.monotonic() - d._t0)
+        s = orig(boundary)
+        early.append(s["early"])
+        return s
+
+    d.step = step
+    assert d.run() == 0
+    first = next(k for k, t in enumerate(steps) if t >= start)
+    # idle until then: every read after the first came at the next period end
+    assert all(early[1:first + 1]) and not early[0]
+    idle = np.array(steps[1:first + 1])
+    ended = ends[np.searchsorted(ends, idle + 1e-9) - 1]
+    assert np.all(idle - ended <= 0.02 + 1e-9) and len(set(ended)) == len(ended), steps
+    assert np.all(np.diff(steps[:first + 1]) <= 0.5 + 0.02), steps
+    # the first read of the accesses: at the first period end after they start
+    assert steps[first] == pytest.approx(ends[np.searchsorted(ends, start)], abs=0.03)
+    gaps = np.diff(steps[first:-1])  # busy from then on: an interval apart (the last: deadline)
+    assert len(gaps) >= 2 and np.all(gaps >= 0.75 - 1e-9), gaps
+    assert not any(early[first + 1:])
+
+
 def test_the_first_promoting_steps_import_no_module(tmp_path):
     """A module imported by a first call is paid for in the first decision after attach: numpy's
     median imported numpy.ma, 12 ms natively and 0.3-0.5 s in the test VM, before the first
