@@ -40,10 +40,13 @@ intervals at most), or one interval after the start with a profiler that gives n
 decision needs counts to rest on. The next ones come an interval apart, each ending just after
 the first end of one of the profiler's sampling periods (pagetier.ko: a scan and its probes)
 within half a period of when it is due, so that every read carries the newest estimates.
-After an idle read (no unit with an access rate: the targets have not started, or paused) the
-next one comes at the first end of a period instead (pagetier.ko: about 0.6 s in the test VM at
-a 500 ms scan period, against 1.1-1.2 s intervals), so the accesses that end an idle stretch are
-acted on a period after they start; such an *early* read shares the idle interval's rate limit.
+After an idle read (no unit with an access rate: the targets have not started, or paused) or a
+partial one (under half as many such units as the last full read: a read that missed most
+units, or the first after the program moved to memory whose units are counted but not yet
+probed) the next one comes at the first end of a period instead (pagetier.ko: about 0.6 s in
+the test VM at a 500 ms scan period, against 1.1-1.2 s intervals), so a start, a resumption or
+a new hot set is acted on a period after it is seen; such an *early* read shares the last
+interval's rate limit.
 Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
 status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
 policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
@@ -109,6 +112,9 @@ TOTALS = ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_
 # counts against the budget) and those unmapped (absent from it: forgotten; a move that finds
 # a page gone forgets it sooner).
 FULL_READ_EVERY = 16
+# a read with under this share of the units with an access rate of the last full read is
+# partial: the next read comes at the profiler's next period end
+PARTIAL_READ = 0.5
 PERIOD_POLL_S = 0.02  # how often the wait for the profiler's period end looks (an ioctl a target)
 
 
@@ -166,7 +172,8 @@ class Daemon:
         self.control = None
         self._boundary = False  # the policy asked for a decision now
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
-        self._idle = False  # the last read found no access rate: read again at a period's end
+        self._reread = False  # the last read was idle or partial: read again at a period's end
+        self._accessed = 0  # units with an access rate in the last full read (see step)
         # the fast node's per-CPU free pages before the daemon's demotions (None: not read yet),
         # the demoted pages that may still wait on those lists, and the pages demoted since the
         # last room read (fast_room_pages)
@@ -292,13 +299,26 @@ class Daemon:
         self.policy.observe(pid, sample)
         return merge_s
 
+    def _read_again(self, st, early: bool) -> bool:
+        """Whether the next read should come at the profiler's next period end: this read was
+        idle (no unit with an access rate) or partial (under half as many as the last full
+        read: pagetier.ko's reads miss most units now and then, and the first read after a
+        program moves to new memory finds its units counted but not yet probed). A re-read that
+        is partial again is taken as it is: the program accesses fewer units now."""
+        touched = st.touched()
+        n = int(np.count_nonzero(st.rate[touched] > 0)) if len(touched) else 0
+        partial = not early and n < PARTIAL_READ * self._accessed
+        if not partial:
+            self._accessed = n
+        return n == 0 or partial
+
     def step(self, boundary: bool = False) -> dict:
         """One interval; ``boundary``: a decision the policy asked for between intervals (no
         profiler read, the same interval number, what is left of the interval's rate limit)."""
         cpu0, wall0 = time.process_time(), time.monotonic()
         cfg, st = self.cfg, self.state
         merge_s = 0.0
-        early = not boundary and self._idle
+        early = not boundary and self._reread
         if not boundary:
             st.begin_interval()
             if st.interval % STUCK_RETRY == 0:
@@ -307,8 +327,7 @@ class Daemon:
                 self._interval_moved = 0
             for pid in sorted(self.targets):
                 merge_s += self.read_target(pid)
-            touched = st.touched()
-            self._idle = not bool((st.rate[touched] > 0).any()) if len(touched) else True
+            self._reread = self._read_again(st, early)
         self.executor.fill_nodes()
         scan_s = self._profiler_scan_s()
 
@@ -393,8 +412,8 @@ class Daemon:
         stats = {
             "interval": st.interval,
             "boundary": boundary,
-            # read at the end of the profiler's first period after an idle read (no access
-            # rate in it), not a whole interval later
+            # read at the end of the profiler's first period after an idle or partial read,
+            # not a whole interval later
             "early": early,
             "t": round(self.clock.monotonic() - self._t0, 3),
             "targets": len(self.targets),
@@ -512,9 +531,10 @@ class Daemon:
         point of a period, a read would often come just before a scan's probes end, and its
         estimates would be a period old (a new hot set promoted one interval later).
 
-        ``soon`` (the last read was idle: no unit had an access rate): the interval ends at the
-        first end of a period for every target, however soon, so that the first accesses after
-        an idle stretch are read one period after they start, not up to an interval later."""
+        ``soon`` (the last read was idle or partial: :meth:`_read_again`): the interval ends at
+        the first end of a period for every target, however soon, so that accesses after an
+        idle stretch, or the units a partial read missed, are read a period later, not up to
+        an interval later."""
         until = t + self.cfg.interval
         period = float(getattr(self.profiler, "period_s", 0.0))
         half = min(period, self.cfg.interval) / 2
@@ -674,7 +694,7 @@ class Daemon:
                 if deadline is not None and self.clock.monotonic() >= deadline:
                     self.stop_reason = f"--duration {duration:g} s reached"
                     break
-                self._wait_next_read(t, deadline, soon=self._idle)
+                self._wait_next_read(t, deadline, soon=self._reread)
             log.info("stopping: %s", self.stop_reason)
             report.log_top_allocations()
         finally:

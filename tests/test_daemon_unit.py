@@ -422,6 +422,44 @@ def test_an_idle_read_is_followed_by_one_at_the_next_period_end(tmp_path):
     assert not any(early[first + 1:])
 
 
+def test_a_partial_read_is_read_again_at_the_next_period_end(tmp_path):
+    """A read that finds under half as many units with an access rate as the last full one (a
+    read that missed most units) is followed by one at the next period end; a re-read that is
+    partial again is taken as it is (the program accesses fewer units now): the intervals are
+    an interval long again."""
+    addr = 0x7f0000000000 + np.arange(256, dtype=np.uint64) * np.uint64(4096)
+    reads = []
+
+    def source(pid, i):
+        t = clock.monotonic() - d._t0
+        reads.append(t)
+        # 64 units accessed; the read at 3-3.5 s misses most; from 5 s on 16 units only
+        n = 16 if t >= 5.0 or 3.0 <= t < 3.5 else 64
+        return addr, np.where(np.arange(256) < n, 10, 0), 1, 1
+
+    prof = StubProfiler(source=source)
+    prof.period_s = 0.5
+    d, clock = run_for(tmp_path, interval=1.0, duration=9.0, prof=prof)
+    ends = 0.13 + 0.5 * np.arange(30)
+    prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
+    early = []
+    orig = d.step
+
+    def step(boundary=False):
+        s = orig(boundary)
+        early.append(s["early"])
+        return s
+
+    d.step = step
+    assert d.run() == 0
+    gaps = np.diff(reads)
+    partial = next(k for k, t in enumerate(reads) if 3.0 <= t < 3.5)
+    assert early[partial + 1] and gaps[partial] <= 0.5 + 0.02, reads
+    fewer = next(k for k, t in enumerate(reads) if t >= 5.0)
+    assert early[fewer + 1] and not any(early[fewer + 2:]), (reads, early)
+    assert sum(early) == 2 and np.all(gaps[fewer + 1:-1] >= 0.75 - 1e-9), (reads, early)
+
+
 def test_the_first_promoting_steps_import_no_module(tmp_path):
     """A module imported by a first call is paid for in the first decision after attach: numpy's
     median imported numpy.ma, 12 ms natively and 0.3-0.5 s in the test VM, before the first
