@@ -14,10 +14,7 @@ the slow node. The scenarios (``scenarios()``):
   hot window fits only if the old one makes room (the node, not the budget, is the limit);
 - phases: the hot window alternates between two regions that do not both fit.
 
-Each configuration starts from compacted memory (``compact_memory``: what ran before it in the
-VM fragments the fast node, and the kernel splits the huge pages it cannot migrate whole into
-a fragmented node). Before the workload starts its accesses (it waits for SIGUSR1), the
-manager is set up, and the
+Before the workload starts its accesses (it waits for SIGUSR1), the manager is set up, and the
 fast node's free memory is cut to the same size for every configuration by reserving the rest as
 2 MiB hugetlb pages (which nothing can migrate or reclaim): the scenario's free memory (its
 budget unless it says less) plus the node's promotion watermark, below which the kernel stops
@@ -384,23 +381,6 @@ def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
     return child, r
 
 
-COMPACT = Path("https://fd-gally.netlify.app/hf/proc/sys/vm/compact_memory")
-
-
-def compact_memory() -> bool:
-    """Compact all of the guest's memory (False: the kernel cannot). Each configuration starts
-    from compacted nodes: the runs before it leave the fast node fragmented (DAMOS's and the
-    kernel's migrations split huge pages, the hugetlb cut takes whole 2 MiB blocks), and a
-    fragmented node makes the kernel split the huge pages it migrates there, so a scenario's
-    figures depended on what ran before it in the same VM (bench live's fuller: 47 huge pages
-    split when it ran ninth, none when it ran third)."""
-    try:
-        COMPACT.write_text("1\n")
-    except OSError:
-        return False
-    return True
-
-
 def _set_sysctls(numab: str, demotion: str) -> None:
 
     if kernel_tiering.NUMAB.exists():
@@ -426,7 +406,6 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
             rec.update(runnable=False, reason=why)
             return rec
     _set_sysctls("0", "false")
-    rec["compacted"] = compact_memory()
     if manager is not None:
         manager.start()
     capacity = FastCapacity(FAST)
