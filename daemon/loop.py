@@ -323,7 +323,7 @@ class Daemon:
             st.begin_interval()
             if st.interval % STUCK_RETRY == 0:
                 st.unstick()
-            if not early:  # a read early after an idle one shares that interval's rate
+            if not early:  # a read early after an idle or partial one shares its rate
                 self._interval_moved = 0
             for pid in sorted(self.targets):
                 merge_s += self.read_target(pid)

@@ -499,8 +499,8 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
             rec["daemon_totals"] = {k: sum(s.get(k, 0) for s in dstats)
                                     for k in ("promoted", "demoted", "bytes_moved", "ping_pongs",
                                               "failed", "nomem", "busy", "clipped", "deferred")}
-            rec["daemon_stats"] = [{k: s.get(k) for k in ("t", "early", "units", "promoted", "demoted",
-                                                          "fast_used", "cpu_s", "wall_s",
+            rec["daemon_stats"] = [{k: s.get(k) for k in ("t", "early", "units", "promoted",
+                                                          "demoted", "fast_used", "cpu_s", "wall_s",
                                                           "deferred", "throughput_mb_s",
                                                           "merge_s", "decide_s", "move_s",
                                                           "profiler_scan_s", "policy", "errors")}
