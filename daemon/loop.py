@@ -45,8 +45,10 @@ partial one (under half as many such units as the last full read: a read that mi
 units, or the first after the program moved to memory whose units are counted but not yet
 probed) the next one comes at the first end of a period instead (pagetier.ko: about 0.6 s in
 the test VM at a 500 ms scan period, against 1.1-1.2 s intervals), so a start, a resumption or
-a new hot set is acted on a period after it is seen; such an *early* read shares the last
-interval's rate limit.
+a new hot set is acted on a period after it is seen. A policy may ask for the same after its
+decision (``Decision.read_soon``: the default policy does when a read shows accesses moving
+off the hot set but the new set's rates are not estimated yet); two early reads in a row at
+most. An *early* read shares the last interval's rate limit.
 Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
 status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
 policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
@@ -115,6 +117,9 @@ FULL_READ_EVERY = 16
 # a read with under this share of the units with an access rate of the last full read is
 # partial: the next read comes at the profiler's next period end
 PARTIAL_READ = 0.5
+# early reads in a row at most: a policy's request for one (Decision.read_soon) after an early
+# read is honoured once, so a partial read, then a policy's "not sure yet", are both read again
+EARLY_RUN = 2
 PERIOD_POLL_S = 0.02  # how often the wait for the profiler's period end looks (an ioctl a target)
 
 
@@ -174,6 +179,7 @@ class Daemon:
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
         self._reread = False  # the last read was idle or partial: read again at a period's end
         self._accessed = 0  # units with an access rate in the last full read (see step)
+        self._early_run = 0  # early reads in a row up to the last one
         # the fast node's per-CPU free pages before the daemon's demotions (None: not read yet),
         # the demoted pages that may still wait on those lists, and the pages demoted since the
         # last room read (fast_room_pages)
@@ -327,6 +333,7 @@ class Daemon:
                 self._interval_moved = 0
             for pid in sorted(self.targets):
                 merge_s += self.read_target(pid)
+            self._early_run = self._early_run + 1 if early else 0
             self._reread = self._read_again(st, early)
         self.executor.fill_nodes()
         scan_s = self._profiler_scan_s()
@@ -352,6 +359,8 @@ class Daemon:
         t_dec = time.process_time()
         dec = self.policy.decide(st, ctx)
         decide_s = time.process_time() - t_dec
+        if not boundary and dec.read_soon and self._early_run < EARLY_RUN:
+            self._reread = True  # the policy cannot judge this read yet: read again soon
 
         acc = new_tally()
         forget: list[np.ndarray] = []

@@ -111,6 +111,10 @@ class Decision:
     promote: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # unit indices
     demote: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     stats: dict = field(default_factory=dict)  # policy's own counters (e.g. pattern class)
+    # the next read is wanted at the profiler's next period end, not an interval later: the
+    # policy saw the start of something it cannot judge yet on this read (the daemon honours
+    # it for two reads in a row at most; a simulation replays fixed frames and ignores it)
+    read_soon: bool = False
 
 
 class Policy(ABC):

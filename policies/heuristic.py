@@ -80,7 +80,11 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    that finds under half as many units accessed as the last one (a read that missed most of
    the program's accesses) is not taken as a phase change, nor is a new hot set by decayed
    heat that is under half as hot (reference heat) or as large as the last one: a few
-   lukewarm units left on top after missed reads, not a new phase.
+   lukewarm units left on top after missed reads, not a new phase. A read whose accesses are
+   mostly off the last hot set but whose new set is too weak so far ("weak") asks for the next
+   read at the profiler's next period end (``Decision.read_soon``): the first read after the
+   program moves to new memory finds some of its units not yet probed, and waiting a whole
+   interval to see the rest cost bench live fuller an interval per phase.
 
 Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
 pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate" or None),
@@ -752,7 +756,9 @@ class Heuristic(Policy):
             "thrash": round(self._thrash, 4),
             "candidates": int(len(U)),
         }
-        return Decision(promote=U[p].astype(np.int64), demote=U[d].astype(np.int64), stats=stats)
+        # a new hot set seen in part (its units' rates not all estimated yet): read again soon
+        return Decision(promote=U[p].astype(np.int64), demote=U[d].astype(np.int64), stats=stats,
+                        read_soon=self._phase_check == "weak")
 
     def _classify(self, keys: np.ndarray, credible: bool = True) -> tuple[str, float | None, bool]:
         """Update the overlap history with this hot set; return (pattern, jaccard, change).

@@ -460,6 +460,45 @@ def test_a_partial_read_is_read_again_at_the_next_period_end(tmp_path):
     assert sum(early) == 2 and np.all(gaps[fewer + 1:-1] >= 0.75 - 1e-9), (reads, early)
 
 
+def test_a_policy_can_ask_for_the_next_read_at_the_next_period_end(tmp_path):
+    """A decision with ``read_soon`` (the policy cannot judge the read yet) is followed by a
+    read at the next period end, and is honoured for two early reads in a row at most: a policy that asks every time gets every third read an
+    interval after the last."""
+    addr = 0x7f0000000000 + np.arange(256, dtype=np.uint64) * np.uint64(4096)
+    prof = StubProfiler(source=lambda pid, i: (addr, np.where(np.arange(256) < 64, 10, 0), 1, 1))
+    prof.period_s = 0.5
+    d, clock = run_for(tmp_path, interval=1.0, duration=9.0, prof=prof)
+    ends = 0.13 + 0.5 * np.arange(30)
+    prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
+    decide = d.policy.decide
+    reads, early = [], []
+
+    def ask(st, ctx):
+        t = clock.monotonic() - d._t0
+        reads.append(t)
+        dec = decide(st, ctx)
+        dec.read_soon = t >= 3.0
+        return dec
+
+    d.policy.decide = ask
+    orig = d.step
+
+    def step(boundary=False):
+        s = orig(boundary)
+        early.append(s["early"])
+        return s
+
+    d.step = step
+    assert d.run() == 0
+    first = next(k for k, t in enumerate(reads) if t >= 3.0)
+    assert not any(early[:first + 1]), (reads, early)
+    # from then on: two early reads, a period apart, then one an interval later, and again
+    after = early[first + 1:]
+    assert len(after) >= 5 and after[:5] == [True, True, False, True, True], (reads, early)
+    gaps = np.diff(reads[first:])
+    assert np.all(gaps[[0, 1, 3, 4]] <= 0.5 + 0.02) and gaps[2] >= 0.75 - 1e-9, (reads, early)
+
+
 def test_the_first_promoting_steps_import_no_module(tmp_path):
     """A module imported by a first call is paid for in the first decision after attach: numpy's
     median imported numpy.ma, 12 ms natively and 0.3-0.5 s in the test VM, before the first

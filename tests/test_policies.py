@@ -764,6 +764,41 @@ def test_heuristic_phase_change_acted_on_when_seen():
     assert (st.node[16:32] == FAST).all()
 
 
+def test_heuristic_asks_to_read_again_soon_when_a_new_hot_set_is_seen_in_part():
+    """The hot set moves to other units, and the first read after the move has rates for only
+    a few of them (the rest counted, not yet probed): most accesses are off the last hot set,
+    but the new set is too small to act on. The policy rules it "weak" and asks for the next
+    read at the profiler's next period end (Decision.read_soon), which sees the whole new set
+    and acts on it. No other read asks."""
+    n = 64
+
+    def rates(i):
+        r = np.full(n, 2.0)
+        if i < 10:
+            r[:16] = 1000.0
+        elif i == 10:
+            r[16:21] = 1000.0  # 5 of the 16 new hot units probed so far
+        else:
+            r[16:32] = 1000.0
+        return r
+
+    pol = create("heuristic")
+    asked = []
+    decide = pol.decide
+
+    def record(st, ctx):
+        d = decide(st, ctx)
+        asked.append(d.read_soon)
+        return d
+
+    pol.decide = record
+    st, log = run_intervals(pol, rates, npages=1, budget=20, intervals=12, capacity=lambda s: 20)
+    assert log[10][2]["phase_check"] == "weak" and not log[10][2]["phase_change"], log[10][2]
+    assert asked == [False] * 10 + [True, False], asked
+    assert log[11][2]["ranked_by"] == "rate" and log[11][2]["phase_change"], log[11][2]
+    assert (st.node[16:32] == FAST).all()
+
+
 @pytest.mark.parametrize("phase_mass", [0.5, 1.0])
 def test_heuristic_a_read_that_probed_few_hot_units_is_no_phase_change(phase_mass):
     """Hot units and noise on every other unit; one read sees only 6 of the 16 hot units, and
