@@ -25,8 +25,10 @@ from the bench process with the same Daemon and config a ``pagetier attach`` wou
 pagetier.ko), ``kernel`` (numa_balancing 2 with demotion: see kernel_tiering.KernelTiering)
 and ``damos`` (kernel_tiering.DamosTiering). One that cannot run here is listed with the reason.
 
-Measured each second: the workload's own report of the share of its hot part on the fast node
-and of its accesses served there; where its pages are (move_pages queries of one page in
+Measured every TICK_MS (a quarter second): the workload's own report of the share of its hot
+part on the fast node and of its accesses served there (its move_pages look at the hot part:
+t95 to a quarter second; at one look a second, a hot set there 1.1 s after its phase began
+counted as 2 s). Each second: where the workload's pages are (move_pages queries of one page in
 TRACK_STRIDE), hence MB on the fast node, pages moved and ping-pongs (a page moved back to the
 node it left within PING_PONG_S), scaled up from that sample; /proc/vmstat counters (all
 migrations in the guest); CPU time of whatever decides and moves (the daemon process, kswapd,
@@ -58,6 +60,8 @@ BASELINES = ("none", "kernel", "damos")
 PING_PONG_S = 10.0
 TRACK_STRIDE = 8  # the page tracker looks at one 4 KiB page in this many (see PageTracker)
 PAGE = 4096
+# the workload reports where its hot part is every TICK_MS: the resolution of t95
+TICK_MS = 250
 HUGE = 2 << 20
 FAST, SLOW = 0, 1
 RESULT_NAME = "bench-live.json"
@@ -103,7 +107,7 @@ class Spec:
     def workload_args(self) -> list[str]:
         args = ["--size", str(self.size_mb), "--hot", str(self.hot_mb), "--start-node", str(SLOW),
                 "--fast-node", str(FAST), "--duration", str(self.seconds), "--phase",
-                str(self.phase), "--wait"]
+                str(self.phase), "--tick-ms", str(TICK_MS), "--wait"]
         if self.noise_ppm:
             args += ["--noise-ppm", str(self.noise_ppm)]
         if self.cold_rate:

@@ -4,9 +4,10 @@ against kernel tiering in the same scenario, and the side-by-side tables. Pure f
 
 A run's record (what the guest side writes) holds:
 
-- ``ticks``: the workload's own lines, once a second: ``t`` (its clock), ``phase``,
+- ``ticks``: the workload's own lines, once a tick (bench live asks for ``TICK_MS``, live.py):
+  ``t`` (its clock), ``phase``,
   ``fast_fraction`` (share of the hot part's pages on the fast node; -1 when no page's node was
-  known), ``access_fast_fraction`` (share of that second's accesses to the hot part served by the
+  known), ``access_fast_fraction`` (share of that tick's accesses to the hot part served by the
   fast node), ``accesses_per_s``;
 - ``samples``: the bench's own look once a second, cumulative since the workload started:
   ``t``, ``fast_mb`` (workload pages on the fast node), ``moved_pages`` and ``ping_pongs`` (of
@@ -22,7 +23,7 @@ A run's record (what the guest side writes) holds:
 The metrics (per configuration and scenario):
 
 - ``t95``: seconds from a phase's start (when the workload moved its hot part) until at least 95% of the hot part's pages are on the fast
-  node (the workload's own move_pages look, once a second), the mean over the phases that got
+  node (the workload's own move_pages look, once a tick), the mean over the phases that got
   there; ``reached``: how many phases did;
 - ``held``: the mean share of the hot part on the fast node over the last third of each phase
   (of the whole run when the hot part does not move): whether the placement holds;
@@ -131,7 +132,7 @@ def summarize(rec: dict) -> dict:
         "t95": _mean(reached),
         "reached": f"{len(reached)}/{len(t95)}",
         "held": held_share(ticks, phase_s),
-        "hot_share_series": [_frac(t, "fast_fraction") for t in ticks],
+        "hot_share_series": [[t["t"], _frac(t, "fast_fraction")] for t in ticks],
         "fast_access": _mean([_frac(t, "access_fast_fraction") for t in ticks]),
         "accesses_per_s": _mean([t["accesses_per_s"] for t in ticks]),
         # the counter at the workload's end: a mover's last batch may land after the last sample
@@ -224,12 +225,13 @@ def format_table(rows: list[dict]) -> str:
 
 
 def format_series(rows: list[dict], step: int = 5) -> str:
-    """Share of the hot part on the fast node over time: ``step``-second means, in percent."""
+    """Share of the hot part on the fast node over time: ``step``-second means, in percent (a
+    column ``c`` holds the ticks at ``c < t <= c + step``, times to a tenth of a second)."""
     runnable = [r for r in rows if r["runnable"]]
     if not runnable:
         return ""
-    n = max(len(r["hot_share_series"]) for r in runnable)
-    cols = list(range(0, n, step))
+    n = max((round(t, 1) for r in runnable for t, _ in r["hot_share_series"]), default=0.0)
+    cols = list(range(0, max(1, math.ceil(n)), step))
     out = [f"{'hot set on fast node, % by second':<34}" + "".join(f"{c:>4}-" for c in cols)]
     prev = None
     for r in runnable:
@@ -239,7 +241,7 @@ def format_series(rows: list[dict], step: int = 5) -> str:
         s = r["hot_share_series"]
         cells = []
         for c in cols:
-            m = _mean(s[c:c + step])
+            m = _mean([f for t, f in s if c < round(t, 1) <= c + step])
             cells.append(f"{_pct(m, '.0f', ''):>5}")
         label = f"{r.get('scenario') or ''} {r['config']}".strip()
         out.append((f"{label:<34}" + "".join(cells)).rstrip())

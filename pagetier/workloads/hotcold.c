@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * pagetier's built-in workload: a buffer with a hot part touched constantly and a cold part
- * touched once. It reports, once a second, the fraction of its accesses that the fast node
- * served, and checksums every page when it ends.
+ * touched once. It reports, once a tick (a second, or --tick-ms), the fraction of its accesses
+ * that the fast node served, and checksums every page when it ends.
  *
  * Each tick carries two fractions: "fast_fraction", the share of the hot part's pages on the
  * fast node at the tick, and "access_fast_fraction", the share of the accesses made since the
@@ -15,7 +15,7 @@
  *
  * Usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N] [--fast-node N]
  *                [--duration S] [--phase S] [--no-thp] [--noise-ppm N] [--cold-rate HZ]
- *                [--quiet] [--wait]
+ *                [--tick-ms MS] [--quiet] [--wait]
  *
  * Sparse accesses to cold memory, as real programs make them (allocator metadata, garbage
  * collection, a lookup now and then): --noise-ppm N sends N of every million accesses to a
@@ -27,11 +27,14 @@
  * --phase S: every S seconds the hot part moves to the next window of its size (after the last
  * whole window, back to the first).
  *
+ * --tick-ms MS: a tick every MS milliseconds instead of every second (a finer look at how fast
+ * the hot part reaches the fast node; each tick queries the hot part's nodes with move_pages).
+ *
  * --wait: after the ready line, wait for SIGUSR1 before the first access (the clock starts then),
  * so that whatever manages placement can be set up against the touched memory first.
  *
  * Prints one JSON object per line: first {"event":"ready",...} with the buffer and the hot
- * range, then {"event":"tick",...} each second, then {"event":"done",...}. Exits 0 when every
+ * range, then {"event":"tick",...} each tick, then {"event":"done",...}. Exits 0 when every
  * page checks out, 3 when a page is corrupted, 2 on bad arguments.
  */
 #define _GNU_SOURCE
@@ -72,7 +75,8 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N]\n"
 			"               [--fast-node N] [--duration S] [--phase S] [--no-thp]\n"
-			"               [--noise-ppm N] [--cold-rate HZ] [--quiet] [--wait]\n");
+			"               [--noise-ppm N] [--cold-rate HZ] [--tick-ms MS] [--quiet]\n"
+			"               [--wait]\n");
 	exit(2);
 }
 
@@ -135,6 +139,7 @@ int main(int argc, char **argv)
 {
 	long size_mb = 256, hot_mb = 32, hot_off_mb = 0, start_node = -1, fast_node = 0;
 	long duration = 30, phase = 0, thp = 1, quiet = 0, wait = 0, noise_ppm = 0, cold_rate = 0;
+	long tick_ms = 1000;
 	int i;
 	for (i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -148,6 +153,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--no-thp")) thp = 0;
 		else if (!strcmp(a, "--noise-ppm")) noise_ppm = arg_long(a, v, 0, 1000000), i++;
 		else if (!strcmp(a, "--cold-rate")) cold_rate = arg_long(a, v, 0, 10000000), i++;
+		else if (!strcmp(a, "--tick-ms")) tick_ms = arg_long(a, v, 10, 60000), i++;
 		else if (!strcmp(a, "--quiet")) quiet = 1;
 		else if (!strcmp(a, "--wait")) wait = 1;
 		else usage();
@@ -244,7 +250,7 @@ int main(int argc, char **argv)
 				accesses++, tick_acc++;
 			}
 		}
-		if (t - last >= 1.0) {
+		if (t - last >= tick_ms / 1000.0) {
 			size_t unknown = 0;
 			double tf = fraction_on(buf, hot_first, hot_pages, fast_node, status, pages, seen,
 						&f, &wf, &unknown) == 0 ? f : -1;
