@@ -87,7 +87,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    interval to see the rest cost bench live fuller an interval per phase.
 
 Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
-pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate" or None),
+pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate", or None:
+none did, or room was left and the policy's own rules held them, as warm units waiting for a
+second read),
 ``exchange``, ``noise_floor``, ``reference_heat``, the throttle's reasons, ``move_back_pages``
 and ``phase_check``: which test (7.) ruled out a phase change by this interval's rates.
 
@@ -716,10 +718,13 @@ class Heuristic(Policy):
         limit = None
         if len(off):
             moved = int(npages[p].sum()) + int(npages[d].sum())
+            after = used + int(npages[p].sum()) - int(npages[d].sum())
             if len(left) and moved + int(npages[left].min()) > (throttled_max if reasons else max_moves):
                 limit = "rate"
-            else:
+            elif after + int(npages[off].min()) > cap_low:
                 limit = "node" if node_bound else "budget"
+            # else room was left: the policy's own rules held them (warm units waiting for a
+            # second read, hysteresis), no limit
 
         self._prev_hot_pages = desired_pages
         self._prev_ref = ref

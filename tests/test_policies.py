@@ -878,6 +878,8 @@ def test_heuristic_a_page_touched_once_does_not_fill_free_room(sustained):
     assert (st.node[:24] == FAST).all()
     noise_fast = int(np.count_nonzero(st.node[24:] == FAST))
     assert (noise_fast == 0) == sustained, noise_fast
+    if sustained:  # the pages wait with room left: no limit binds (it said "budget")
+        assert all(s["limit"] is None for _, _, s in log[3:]), [s["limit"] for _, _, s in log]
 
 
 def test_argsort_desc_is_the_stable_descending_argsort():
