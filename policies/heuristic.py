@@ -80,7 +80,15 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    that finds under half as many units accessed as the last one (a read that missed most of
    the program's accesses) is not taken as a phase change, nor is a new hot set by decayed
    heat that is under half as hot (reference heat) or as large as the last one: a few
-   lukewarm units left on top after missed reads, not a new phase. A read whose accesses are
+   lukewarm units left on top after missed reads, not a new phase. After an earlier phase
+   change the run need not be regular: while the last phase's units cool and the new ones
+   warm, the hot set by decayed heat (filled to the capacity from both) changes from read to
+   read, and with a change every 4 reads (bench live phases) the overlaps made the history
+   look irregular after two changes, and later changes were not acted on. There, a change by
+   rates is taken once ``held_reads`` reads in a row since the last change had most of their
+   accesses on the last hot set, unless the read goes back to a hot set one of the last two
+   changes left or brought within ``thrash_window + 2`` reads (a ping-pong: a program going
+   through phases comes back to a set later, if ever). A read whose accesses are
    mostly off the last hot set but whose new set is too weak so far ("weak") asks for the next
    read at the profiler's next period end (``Decision.read_soon``): the first read after the
    program moves to new memory finds some of its units not yet probed, and waiting a whole
@@ -325,6 +333,7 @@ class Heuristic(Policy):
         regular_jaccard: float = 0.6  # mean overlap at or above it: a regular pattern
         phase_jaccard: float = 0.3  # overlap below it after a regular run: a phase change...
         phase_mass: float = 0.5  # ...with under this share of the read's accesses on the last set
+        held_reads: int = 2  # after an irregular run: reads since the last change on its set (7.)
 
         def check(self):
             def bad(key, why):
@@ -365,6 +374,8 @@ class Heuristic(Policy):
                 bad("regular_jaccard", "must be in [0, 1]")
             if not 0 < self.phase_mass <= 1:
                 bad("phase_mass", "must be in (0, 1]")
+            if self.held_reads < 1:
+                bad("held_reads", "must be >= 1")
             if not 0 <= self.phase_jaccard <= self.regular_jaccard:
                 bad("phase_jaccard", f"must be in [0, regular_jaccard={self.regular_jaccard}]")
 
@@ -381,6 +392,11 @@ class Heuristic(Policy):
         self._throttle_until = None  # interval up to which the throttle holds
         self._freeze_until = None  # interval up to which recent movers stay put
         self._thrash_kept = 0.0  # moving average of the move-back fraction under the throttle
+        # the last two phase changes: the hot sets each left and brought (sorted keys), and
+        # the read it came at
+        self._changed: deque[tuple[np.ndarray, np.ndarray, int]] = deque(maxlen=2)
+        self._reads = 0  # reads with rates so far
+        self._held = 0  # reads in a row since the last change on the last hot set
 
     def _hot_order(self, score, cand, fast, rest: float = 0.0):
         """(units of ``cand`` above the noise floor, hottest first with ties to fast residents;
@@ -416,9 +432,13 @@ class Heuristic(Policy):
         prev = self._prev_hot
         if prev is None or not len(prev) or not self._overlap:
             return False
-        if float(np.mean(self._overlap)) < c.regular_jaccard:
-            return no("irregular")
         acc = np.flatnonzero(known & (rate > 0))
+        if float(np.mean(self._overlap)) < c.regular_jaccard and (
+                not self._changed or self._held < c.held_reads
+                or self._back(keys_of(acc), rate[acc])):
+            # an irregular run, and no phase change before it, or the hot set since the last
+            # one has not held, or this read goes back to a set of the last two (see 7.)
+            return no("irregular")
         if not len(acc):
             return no("nothing accessed")
         if len(acc) < 0.5 * self._prev_accessed:
@@ -441,6 +461,21 @@ class Heuristic(Policy):
         if _jaccard_sorted(keys, prev) >= c.phase_jaccard:
             return no("overlap")
         return True
+
+    def _back(self, akeys: np.ndarray, arate: np.ndarray) -> bool:
+        """Whether a read (accessed units' keys and rates) goes back to a hot set one of the
+        last two phase changes left or brought, within ``thrash_window + 2`` reads of it: most
+        of its accesses on it (a ping-pong; a program going through phases comes back to a
+        set later, if ever)."""
+        c = self.config
+        total = float(arate.sum())
+        for left, brought, at in self._changed:
+            if self._reads - at >= c.thrash_window + 2:
+                continue
+            for keys in (left, brought):
+                if float(arate[_member_sorted(akeys, keys)].sum()) >= c.phase_mass * total:
+                    return True
+        return False
 
     def _like_last(self, ref: float, pages: int) -> bool:
         """Whether a hot set of reference heat ``ref`` and ``pages`` pages is at least half as
@@ -525,6 +560,7 @@ class Heuristic(Policy):
         fast = node == ctx.fast_node
         used = state.pages_on(ctx.fast_node) if incremental else int(npages[fast].sum())
 
+        last_hot = self._prev_hot  # sorted keys of the last hot set (_classify replaces it)
         # 0. a phase change seen in this interval's rates: rank by them, not by decayed heat
         score = heat
         seen_now = False
@@ -730,6 +766,19 @@ class Heuristic(Policy):
         self._prev_ref = ref
         if rate is not None:
             self._prev_accessed = int(np.count_nonzero(known & (rate > 0)))
+            self._reads += 1
+            if change and last_hot is not None and len(last_hot):  # the sets it left and brought
+                self._changed.append((last_hot, keys, self._reads))
+                self._held = 0
+            elif (last_hot is not None and self._prev_accessed
+                  and self._phase_check not in ("weak", "few accessed")):
+                # reads in a row since the change with most of their accesses on the last hot
+                # set; a read that cannot tell (missed most units, or saw a new set in part)
+                # does not count
+                acc = np.flatnonzero(known & (rate > 0))
+                r = rate[acc]
+                on = float(r[_member_sorted(keys_of(acc), last_hot)].sum())
+                self._held = self._held + 1 if on >= c.phase_mass * float(r.sum()) else 0
         scale = PHASE_CHANGE_SCALE if change else INTERVAL_SCALE[pattern]
         if reasons:
             scale = max(scale, THROTTLED_MIN_SCALE)

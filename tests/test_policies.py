@@ -799,6 +799,36 @@ def test_heuristic_asks_to_read_again_soon_when_a_new_hot_set_is_seen_in_part():
     assert (st.node[16:32] == FAST).all()
 
 
+def test_heuristic_phase_changes_acted_on_after_the_last_hot_set_held():
+    """Three groups hot in turn, 4 reads each; every read misses 6 of the 16 hot units (others
+    each time). After each change the hot set by decayed heat, filled to the capacity with the
+    last phase's cooling units too, changes from read to read, and those overlaps make the
+    history look irregular. A change by this read's rates is still taken when the hot set
+    held since the last change (held_reads reads mostly on it): most changes are acted on
+    within a read of the switch, and none comes between switches. Without that (held_reads
+    1000), under half are. The two-group ping-pong of
+    test_heuristic_throttle_engages_on_ping_pong is still not followed."""
+    n, period, intervals = 48, 4, 60
+
+    def rates(i):
+        g = (i // period) % 3
+        r = np.full(n, 2.0)
+        r[16 * g:16 * g + 16] = 1000.0
+        r[16 * g + (np.arange(6) + i * 6) % 16] = 0.0
+        return r
+
+    acted, between = {}, {}
+    for held in (2, 1000):
+        pol = create("heuristic", {"held_reads": held})
+        _, log = run_intervals(pol, rates, npages=1, budget=20, intervals=intervals,
+                               capacity=lambda s: 20)
+        by_rate = {k for k, (_, _, s) in enumerate(log) if s["ranked_by"] == "rate"}
+        switches = range(period, intervals, period)
+        acted[held] = sum(bool({w, w + 1} & by_rate) for w in switches) / len(switches)
+        between[held] = sum(k % period > 1 for k in by_rate)
+    assert acted[2] >= 0.6 and acted[1000] < 0.5 and between[2] == 0, (acted, between)
+
+
 @pytest.mark.parametrize("phase_mass", [0.5, 1.0])
 def test_heuristic_a_read_that_probed_few_hot_units_is_no_phase_change(phase_mass):
     """Hot units and noise on every other unit; one read sees only 6 of the 16 hot units, and
