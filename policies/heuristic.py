@@ -86,7 +86,7 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    read, and with a change every 4 reads (bench live phases) the overlaps made the history
    look irregular after two changes, and later changes were not acted on. There, a change by
    rates is taken once ``held_reads`` reads in a row since the last change had most of their
-   accesses on the last hot set, unless the read goes back to a hot set one of the last two
+   accesses on the set it brought (or the last hot set), unless the read goes back to a hot set one of the last two
    changes left or brought within ``thrash_window + 2`` reads (a ping-pong: a program going
    through phases comes back to a set later, if ever). A read whose accesses are
    mostly off the last hot set but whose new set is too weak so far ("weak") asks for the next
@@ -770,14 +770,17 @@ class Heuristic(Policy):
             if change and last_hot is not None and len(last_hot):  # the sets it left and brought
                 self._changed.append((last_hot, keys, self._reads))
                 self._held = 0
-            elif (last_hot is not None and self._prev_accessed
+            elif (self._changed and last_hot is not None and self._prev_accessed
                   and self._phase_check not in ("weak", "few accessed")):
-                # reads in a row since the change with most of their accesses on the last hot
-                # set; a read that cannot tell (missed most units, or saw a new set in part)
-                # does not count
+                # reads in a row since the change with most of their accesses on the set it
+                # brought or the last hot set (the hot set by decayed heat lags a change by a
+                # read or two); a read that cannot tell (missed most units, or saw a new set
+                # in part) does not count
                 acc = np.flatnonzero(known & (rate > 0))
-                r = rate[acc]
-                on = float(r[_member_sorted(keys_of(acc), last_hot)].sum())
+                akeys, r = keys_of(acc), rate[acc]
+                on_set = (_member_sorted(akeys, last_hot)
+                          | _member_sorted(akeys, self._changed[-1][1]))
+                on = float(r[on_set].sum())
                 self._held = self._held + 1 if on >= c.phase_mass * float(r.sum()) else 0
         scale = PHASE_CHANGE_SCALE if change else INTERVAL_SCALE[pattern]
         if reasons:
