@@ -86,9 +86,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    read, and with a change every 4 reads (bench live phases) the overlaps made the history
    look irregular after two changes, and later changes were not acted on. There, a change by
    rates is taken once ``held_reads`` reads in a row since the last change had most of their
-   accesses on the set it brought (or the last hot set), unless the read goes back to a hot set one of the last two
-   changes left or brought within ``thrash_window + 2`` reads (a ping-pong: a program going
-   through phases comes back to a set later, if ever). A read whose accesses are
+   accesses on the set it brought (or the last hot set), unless the read goes back to a hot
+   set one of the last two changes left or brought within ``thrash_window + 2`` reads (a
+   ping-pong: a program going through phases comes back to a set later, if ever). A read whose accesses are
    mostly off the last hot set but whose new set is too weak so far ("weak") asks for the next
    read at the profiler's next period end (``Decision.read_soon``): the first read after the
    program moves to new memory finds some of its units not yet probed, and waiting a whole
@@ -755,7 +755,8 @@ class Heuristic(Policy):
         if len(off):
             moved = int(npages[p].sum()) + int(npages[d].sum())
             after = used + int(npages[p].sum()) - int(npages[d].sum())
-            if len(left) and moved + int(npages[left].min()) > (throttled_max if reasons else max_moves):
+            cap_moves = throttled_max if reasons else max_moves
+            if len(left) and moved + int(npages[left].min()) > cap_moves:
                 limit = "rate"
             elif after + int(npages[off].min()) > cap_low:
                 limit = "node" if node_bound else "budget"

@@ -462,8 +462,8 @@ def test_a_partial_read_is_read_again_at_the_next_period_end(tmp_path):
 
 def test_a_policy_can_ask_for_the_next_read_at_the_next_period_end(tmp_path):
     """A decision with ``read_soon`` (the policy cannot judge the read yet) is followed by a
-    read at the next period end, and is honoured for two early reads in a row at most: a policy that asks every time gets every third read an
-    interval after the last."""
+    read at the next period end, and is honoured for two early reads in a row at most: a
+    policy that asks every time gets every third read an interval after the last."""
     addr = 0x7f0000000000 + np.arange(256, dtype=np.uint64) * np.uint64(4096)
     prof = StubProfiler(source=lambda pid, i: (addr, np.where(np.arange(256) < 64, 10, 0), 1, 1))
     prof.period_s = 0.5

@@ -29,8 +29,8 @@ Measured every TICK_MS (a second): the workload's own report of the share of its
 the fast node and of its accesses served there (its move_pages look at the hot part, so t95 is
 a whole number of ticks: a hot set there 1.1 s after its phase began counts as 2 s). A finer
 look perturbs what it measures: at 250 ms, noise1000 (THP) moved 254-386 MB in four runs
-against 94-99 MB at 1 s. Each second: where the workload's pages are (move_pages queries of one page in
-TRACK_STRIDE), hence MB on the fast node, pages moved and ping-pongs (a page moved back to the
+against 94-99 MB at 1 s. Each second: where the workload's pages are (move_pages queries of
+one page in TRACK_STRIDE), hence MB on the fast node, pages moved and ping-pongs (a page moved back to the
 node it left within PING_PONG_S), scaled up from that sample; /proc/vmstat counters (all
 migrations in the guest); CPU time of whatever decides and moves (the daemon process, kswapd,
 the kdamonds) and of pagetier.ko's scans. live_table.py turns it into the tables.
