@@ -54,11 +54,11 @@ def drive_migrations(tmp_path, mode: str, thp: bool, pages: int, timeout: float,
     assert done, f"hotcold did not report its memory check: {d.stderr[-2000:]}"
     assert res["pages_corrupt"] == 0 and res["pages_checked"] == size * 256
     assert moved >= pages
-    # move_pages reports a page on the target node whether it migrated it or found it there:
-    # a page faulted in anew since the profiler's scan (on the other node than the daemon
-    # believed) counts as moved without a migration. CI on 6.12 (abit, THP) once saw one such
-    # page in 26,280 (pgmigrate_success 26,279); a daemon that counted moves it never asked
-    # for would be off by far more
+    # move_pages reports a page on the target node whether it migrated it or found it there,
+    # so a page already there (most likely faulted in anew since the profiler's scan, on
+    # another node than the daemon believed) counts as moved without a migration. CI on 6.12
+    # (abit, THP) once counted 26,280 against pgmigrate_success 26,279; a daemon that counted
+    # moves it never made would be off by far more
     slack = max(16, moved // 1000)
     assert migrated >= moved - slack, "the daemon counted moves the kernel did not make"
     return res
