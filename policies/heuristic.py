@@ -433,9 +433,10 @@ class Heuristic(Policy):
         if prev is None or not len(prev) or not self._overlap:
             return False
         acc = np.flatnonzero(known & (rate > 0))
+        akeys = keys_of(acc)
         if float(np.mean(self._overlap)) < c.regular_jaccard and (
                 not self._changed or self._held < c.held_reads
-                or self._back(keys_of(acc), rate[acc])):
+                or self._back(akeys, rate[acc])):
             # an irregular run, and no phase change before it, or the hot set since the last
             # one has not held, or this read goes back to a set of the last two (see 7.)
             return no("irregular")
@@ -443,7 +444,6 @@ class Heuristic(Policy):
             return no("nothing accessed")
         if len(acc) < 0.5 * self._prev_accessed:
             return no("few accessed")  # far fewer units accessed than last time: no evidence
-        akeys = keys_of(acc)
         if not self._change_possible(akeys, npages[acc], c.phase_jaccard):
             return no("overlap")
         # most of this read's accesses on the last hot set: the same phase, read in part. With
@@ -753,8 +753,8 @@ class Heuristic(Policy):
         off = np.setdiff1d(off, p, assume_unique=True)
         limit = None
         if len(off):
-            moved = int(npages[p].sum()) + int(npages[d].sum())
-            after = used + int(npages[p].sum()) - int(npages[d].sum())
+            up, down = int(npages[p].sum()), int(npages[d].sum())
+            moved, after = up + down, used + up - down
             cap_moves = throttled_max if reasons else max_moves
             if len(left) and moved + int(npages[left].min()) > cap_moves:
                 limit = "rate"
@@ -766,7 +766,8 @@ class Heuristic(Policy):
         self._prev_hot_pages = desired_pages
         self._prev_ref = ref
         if rate is not None:
-            self._prev_accessed = int(np.count_nonzero(known & (rate > 0)))
+            acc = np.flatnonzero(known & (rate > 0))
+            self._prev_accessed = len(acc)
             self._reads += 1
             if change and last_hot is not None and len(last_hot):  # the sets it left and brought
                 self._changed.append((last_hot, keys, self._reads))
@@ -777,7 +778,6 @@ class Heuristic(Policy):
                 # brought or the last hot set (the hot set by decayed heat lags a change by a
                 # read or two); a read that cannot tell (missed most units, or saw a new set
                 # in part) does not count
-                acc = np.flatnonzero(known & (rate > 0))
                 akeys, r = keys_of(acc), rate[acc]
                 on_set = (_member_sorted(akeys, last_hot)
                           | _member_sorted(akeys, self._changed[-1][1]))

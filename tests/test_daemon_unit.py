@@ -422,6 +422,19 @@ def test_an_idle_read_is_followed_by_one_at_the_next_period_end(tmp_path):
     assert not any(early[first + 1:])
 
 
+def record_early(d) -> list[bool]:
+    """Wrap ``d.step``: the returned list gets each step's ``early`` flag."""
+    early, orig = [], d.step
+
+    def step(boundary=False):
+        s = orig(boundary)
+        early.append(s["early"])
+        return s
+
+    d.step = step
+    return early
+
+
 def test_a_partial_read_is_read_again_at_the_next_period_end(tmp_path):
     """A read that finds under half as many units with an access rate as the last full one (a
     read that missed most units) is followed by one at the next period end; a re-read that is
@@ -442,15 +455,7 @@ def test_a_partial_read_is_read_again_at_the_next_period_end(tmp_path):
     d, clock = run_for(tmp_path, interval=1.0, duration=9.0, prof=prof)
     ends = 0.13 + 0.5 * np.arange(30)
     prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
-    early = []
-    orig = d.step
-
-    def step(boundary=False):
-        s = orig(boundary)
-        early.append(s["early"])
-        return s
-
-    d.step = step
+    early = record_early(d)
     assert d.run() == 0
     gaps = np.diff(reads)
     partial = next(k for k, t in enumerate(reads) if 3.0 <= t < 3.5)
@@ -471,7 +476,7 @@ def test_a_policy_can_ask_for_the_next_read_at_the_next_period_end(tmp_path):
     ends = 0.13 + 0.5 * np.arange(30)
     prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
     decide = d.policy.decide
-    reads, early = [], []
+    reads = []
 
     def ask(st, ctx):
         t = clock.monotonic() - d._t0
@@ -481,14 +486,7 @@ def test_a_policy_can_ask_for_the_next_read_at_the_next_period_end(tmp_path):
         return dec
 
     d.policy.decide = ask
-    orig = d.step
-
-    def step(boundary=False):
-        s = orig(boundary)
-        early.append(s["early"])
-        return s
-
-    d.step = step
+    early = record_early(d)
     assert d.run() == 0
     first = next(k for k, t in enumerate(reads) if t >= 3.0)
     assert not any(early[:first + 1]), (reads, early)
