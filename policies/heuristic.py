@@ -61,6 +61,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    phase brought goes back and the new hot set comes in, in one batch. When the hot set is larger
    than the fast capacity ("oversubscribed") exchanges are throttled the same way, except in
    the ``thrash_window`` intervals after a phase change, while the last phase's units cool.
+   In those intervals, a hot set more than twice the fast capacity is not throttled for
+   move-backs either: the fast node then holds a small part of the new phase's units, chosen
+   again as they warm, and what the change brought in on its rates partly goes out again.
    Promotions into free room are never throttled: they go in one large batch, up to the rate
    limit;
 7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
@@ -88,11 +91,12 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    rates is taken once ``held_reads`` reads in a row since the last change had most of their
    accesses on the set it brought (or the last hot set), unless the read goes back to a hot
    set one of the last two changes left or brought within ``thrash_window + 2`` reads (a
-   ping-pong: a program going through phases comes back to a set later, if ever). A read whose accesses are
-   mostly off the last hot set but whose new set is too weak so far ("weak") asks for the next
-   read at the profiler's next period end (``Decision.read_soon``): the first read after the
-   program moves to new memory finds some of its units not yet probed, and waiting a whole
-   interval to see the rest cost bench live fuller an interval per phase.
+   ping-pong: a program going through phases comes back to a set later, if ever). A read
+   whose accesses are mostly off the last hot set but whose new set is too weak so far
+   ("weak") asks for the next read at the profiler's next period end
+   (``Decision.read_soon``): the first read after the program moves to new memory finds some
+   of its units not yet probed, and waiting a whole interval to see the rest cost bench live
+   fuller an interval per phase.
 
 Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
 pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate", or None:
@@ -665,8 +669,16 @@ class Heuristic(Policy):
         # throttling the exchange that brings the new hot set in kept it at 55-93% for 10 s
         # (bench live fuller)
         after_change = self._since_change is not None and self._since_change < c.thrash_window
-        oversubscribed = not after_change and hot_pages > min(
-            budget, node_cap if node_cap is not None else budget)
+        holds = min(budget, node_cap if node_cap is not None else budget)
+        oversubscribed = not after_change and hot_pages > holds
+        # nor, there, the move-backs when the hot set is more than twice what the fast node
+        # holds: the units the change brought in on their rates are then a small sample of the
+        # new phase's, and as its units warm the fast node is chosen again among many; what came
+        # in goes out and some of what went out comes back. Throttling that as thrashing kept
+        # 19-38% of the accesses on the fast node for 4 intervals where heat-classes had 37-100%
+        # (bench sim torch-mlp at 10%, 5% slower than it; pagerank at 10% 3% slower). A hot set
+        # twice the fast node or less (two sets taking turns) stays throttled: a ping-pong
+        resampled = after_change and hot_pages > 2 * holds
         if self._throttle_until is not None and now > self._throttle_until:
             self._throttle_until = None
         if self._freeze_until is not None and now > self._freeze_until:
@@ -730,7 +742,8 @@ class Heuristic(Policy):
             self._throttle_until = self._freeze_until = None
         self._thrash = 0.5 * self._thrash + 0.5 * frac
         was_throttled = self._throttle_until is not None
-        if not change and (frac > c.thrash_ratio or self._thrash > c.thrash_ratio):
+        thrashing = frac > c.thrash_ratio or self._thrash > c.thrash_ratio
+        if not change and not resampled and thrashing:
             self._throttle_until = now + c.thrash_window
         if self._throttle_until is not None:
             reasons.append("move-backs")

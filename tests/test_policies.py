@@ -727,6 +727,33 @@ def test_heuristic_throttle_engages_on_ping_pong():
     assert backs <= 0.01 * max(moved, 1) or backs <= 2, [(m, p) for m, p, _ in log]
 
 
+def test_heuristic_hot_set_found_after_a_change_to_one_many_times_the_fast_node():
+    """The program moves to a hot set three times what the fast node holds, and the first read
+    after the move sees its least hot part first (the rest not probed yet). The change brings
+    that part in; at the next read the hottest units show, and they replace it at once. With
+    a hot set more than twice the fast node, that exchange after a change is no thrashing:
+    the move-back throttle (which needs a candidate four times hotter on two reads) would
+    have kept the wrong part for intervals."""
+    n = 60
+
+    def rates(i):
+        r = np.full(n, 0.0)
+        if i < 10:
+            r[:30] = np.linspace(400.0, 1200.0, 30)  # the last phase: 30 units; the fast node holds 11
+        elif i == 10:
+            r[30:40] = 2000.0  # the new phase, seen in part: its lukewarm units first
+            r[40:60] = 100.0
+        else:
+            r[30:50] = 200.0
+            r[50:60] = 3000.0  # its hottest units, from the next read on
+        return r
+
+    st, log = run_intervals(create("heuristic"), rates, npages=1, budget=11, intervals=13,
+                            capacity=lambda s: 11)
+    assert log[10][2]["phase_change"], [s["phase_check"] for _, _, s in log]
+    assert (st.node[50:60] == FAST).all(), np.flatnonzero(st.node == FAST)
+
+
 def test_heuristic_noise_read_is_not_a_phase_change():
     """An interval in which the hot units show no rate (a read that missed them) and only noise
     units do is not a phase change: the hot set stays where it is."""
