@@ -739,7 +739,7 @@ def test_heuristic_hot_set_found_after_a_change_to_one_many_times_the_fast_node(
     def rates(i):
         r = np.full(n, 0.0)
         if i < 10:
-            r[:30] = np.linspace(400.0, 1200.0, 30)  # the last phase: 30 units; the fast node holds 11
+            r[:30] = np.linspace(400.0, 1200.0, 30)  # the last phase: 30 units, the fast node 11
         elif i == 10:
             r[30:40] = 2000.0  # the new phase, seen in part: its lukewarm units first
             r[40:60] = 100.0
