@@ -744,8 +744,8 @@ def test_heuristic_hot_set_found_after_a_change_to_one_many_times_the_fast_node(
             r[30:40] = 2000.0  # the new phase, seen in part: its lukewarm units first
             r[40:60] = 100.0
         else:
-            r[30:50] = 200.0
-            r[50:60] = 3000.0  # its hottest units, from the next read on
+            r[30:50] = 1000.0
+            r[50:60] = 4000.0  # its hottest units, from the next read on
         return r
 
     st, log = run_intervals(create("heuristic"), rates, npages=1, budget=11, intervals=13,
