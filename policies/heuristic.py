@@ -29,7 +29,10 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    above the noise floor before this interval's read as well (``sustained_fill``): a page of
    sparse noise is above it in the read after its one access and never again, and such pages
    filled the room every interval, pushed the node over the high watermark and were demoted
-   again (bench live noise1000 without THP: 1.6-2.4 times the hot set moved). Demotions come
+   again (bench live noise1000 without THP: 1.6-2.4 times the hot set moved); and only when
+   it is at least ``fill_ratio`` times the reference heat (with THP and noise on every huge
+   page, every unit is above the noise floor, and the noise units filled the spare budget:
+   bench live noise1000 moved 1.5-1.7 times the hot set). Demotions come
    first in the plan and the daemon moves them first, so the promotions find the room freed.
    The node limit never makes the policy demote by itself (the daemon does not give memory to
    other tenants); fast-node use above ``high_watermark * fast_budget`` is demoted down to
@@ -327,6 +330,7 @@ class Heuristic(Policy):
         exchange_ratio: float = 0.25  # ...and promoted heat >= exchange_ratio * hot set's median
         sustained_exchange: bool = True  # ...now and before this interval's read
         sustained_fill: bool = True  # a warm unit fills free room only if warm before the read
+        fill_ratio: float = 0.2  # ...and at least fill_ratio * reference heat now
         noise_ratio: float = 0.05  # colder than noise_ratio * reference heat: noise, not promoted
         ref_mass: float = 0.9  # the reference heat: the coldest unit of those carrying this share
         thrash_window: int = 4  # a move within this many intervals of the last is a move-back
@@ -361,6 +365,8 @@ class Heuristic(Policy):
                 bad("exchange_ratio", "must be in [0, 1]")
             if not 0 <= self.noise_ratio < 1:
                 bad("noise_ratio", "must be in [0, 1)")
+            if not 0 <= self.fill_ratio <= 1:
+                bad("fill_ratio", "must be in [0, 1]")
             if not 0 < self.ref_mass <= 1:
                 bad("ref_mass", "must be in (0, 1]")
             if self.thrash_window < self.min_residency:
@@ -652,7 +658,12 @@ class Heuristic(Policy):
         # those back too cost bench sim 3 more losses, 4% on hotcold-phased); a phase change
         # ranks by rates instead
         steady = None
-        fill_ok = None
+        # a unit under the bar (warm, not hot) fills free room only when it is at least
+        # fill_ratio times the reference heat: with THP and 1,000 noise accesses per million,
+        # every huge unit is above the noise floor and the noise units filled the budget's spare
+        # third (bench live noise1000: 1.5-1.7 times the hot set moved, where the hot set is all
+        # it needs); they sit at a tenth of the reference heat, jumping to a fifth
+        fill_ok = (score >= bar) | (score >= c.fill_ratio * ref) if c.fill_ratio > 0 else None
         if rate is not None and decay > 0:
             before = np.maximum(heat - rate, 0.0)  # the heat before this read, decayed
             if c.sustained_exchange and not seen_now:
@@ -662,7 +673,8 @@ class Heuristic(Policy):
                 # above the noise floor before this read too: a page of sparse noise is above
                 # it in the read after its one access and never again, and on a phase change's
                 # read the new phase's warm units wait for their heat
-                fill_ok = (score >= bar) | (before / decay >= floor)
+                sustained = (score >= bar) | (before / decay >= floor)
+                fill_ok = sustained if fill_ok is None else fill_ok & sustained
 
         # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
         # for a few intervals after a phase change the last phase's units are still warm: they

@@ -754,6 +754,20 @@ def test_heuristic_hot_set_found_after_a_change_to_one_many_times_the_fast_node(
     assert (st.node[50:60] == FAST).all(), np.flatnonzero(st.node == FAST)
 
 
+def test_heuristic_noise_on_every_huge_unit_does_not_fill_the_spare_budget():
+    """256 MiB of 2 MiB units, 64 MiB hot, a 96 MiB budget, and noise on every unit at up to
+    a tenth of the hot units' rate (THP with 1,000 noise accesses per million: the noise units
+    are above the noise floor). The hot set goes to the fast node; the noise units stay where
+    they are rather than fill the spare third of the budget, so little more than the hot set
+    moves."""
+    n, hot = 128, 32
+    st, log = run_intervals(create("heuristic"), realistic_rates(n, hot, 5, noise=(10.0, 30.0)),
+                            budget=96 * 256, intervals=30)
+    assert (st.node[:hot] == FAST).all()
+    moved = sum(m for m, _, _ in log)
+    assert moved <= 1.1 * hot * 512, (moved, np.flatnonzero(st.node == FAST))
+
+
 def test_heuristic_noise_read_is_not_a_phase_change():
     """An interval in which the hot units show no rate (a read that missed them) and only noise
     units do is not a phase change: the hot set stays where it is."""
@@ -924,16 +938,18 @@ def test_heuristic_a_page_touched_once_does_not_fill_free_room(sustained):
 
     def rates(i):
         r = np.zeros(n)
-        r[:16] = 1000.0
-        r[16:24] = 60.0  # warm: heat 120 steady, the floor 0.05 * 2000
+        r[:16] = 1000.0  # hot: heat 2000, the reference heat
+        # warm: heat 440 steady, under the exchange bar (a quarter of the hot set's median,
+        # 500) and above fill_ratio times the reference (400)
+        r[16:20] = 220.0
         if 3 <= i < 3 + 40:
-            r[24 + i - 3] = 120.0  # one page of noise per interval, once
+            r[20 + i - 3] = 450.0  # one page of noise per interval, once: heat 450 in its read
         return r
 
     st, log = run_intervals(create("heuristic", {"sustained_fill": sustained}), rates, npages=1,
                             budget=64, intervals=30)
-    assert (st.node[:24] == FAST).all()
-    noise_fast = int(np.count_nonzero(st.node[24:] == FAST))
+    assert (st.node[:20] == FAST).all()
+    noise_fast = int(np.count_nonzero(st.node[20:] == FAST))
     assert (noise_fast == 0) == sustained, noise_fast
     if sustained:  # the pages wait with room left: no limit binds (it said "budget")
         assert all(s["limit"] is None for _, _, s in log[3:]), [s["limit"] for _, _, s in log]
