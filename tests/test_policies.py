@@ -429,6 +429,7 @@ def test_heat_classes_fill_hottest_class_first():
         ("heuristic", {"throttle_scale": 0.0}, ["throttle_scale"]),
         ("heuristic", {"thrash_window": 1}, ["thrash_window"]),
         ("heuristic", {"history": 1}, ["history"]),
+        ("heuristic", {"fill_ratio": 1.5}, ["fill_ratio"]),
         ("heuristic", {"phase_jaccard": 0.9}, ["phase_jaccard"]),
         ("lru", {"window": 1}, ["window"]),
         ("lru", {"windows": 3}, ["windows"]),
