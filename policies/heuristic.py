@@ -106,7 +106,8 @@ Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) incl
 pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate", or None:
 none did, or room was left and the policy's own rules held them, as warm units waiting for a
 second read),
-``exchange``, ``noise_floor``, ``reference_heat``, the throttle's reasons, ``move_back_pages``
+``exchange``, ``noise_floor``, ``reference_heat``, the throttle's reasons, ``move_back_pages``,
+``warm_promote_pages`` (pages promoted under the exchange bar: warm units filling free room)
 and ``phase_check``: which test (7.) ruled out a phase change by this interval's rates.
 
 Everything is vectorized numpy; the policy keeps only the previous hot set's keys (sorted
@@ -842,6 +843,8 @@ class Heuristic(Policy):
             "demote_pages": demoted,
             "exchange": bool(promoted and demoted and not must),
             "move_back_pages": backs,
+            # promoted pages under the exchange bar: warm units filling free room
+            "warm_promote_pages": int(npages[p[score[p] < bar]].sum()),
             "thrash": round(self._thrash, 4),
             "candidates": int(len(U)),
         }
