@@ -696,8 +696,7 @@ class Heuristic(Policy):
         # huge unit all of them are above the noise floor, and counting them let the noise units
         # trade places after the first promotions (bench live noise1000: 2.0 times the hot set
         # moved, against 1.7)
-        hot_bar_pages = int(npages[order[score[order] >= bar]].sum())
-        resampled = after_change and hot_bar_pages > 2 * holds
+        resampled = after_change and int(npages[order[score[order] >= bar]].sum()) > 2 * holds
         if self._throttle_until is not None and now > self._throttle_until:
             self._throttle_until = None
         if self._freeze_until is not None and now > self._freeze_until:
