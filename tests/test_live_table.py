@@ -231,3 +231,55 @@ def test_saved_results_print_as_table_or_json_only(tmp_path):
     doc = json.loads(res.output)  # only JSON on stdout
     assert [r["config"] for r in doc["rows"]] == ["kernel", "pagetier:heuristic"]
     assert doc["rows"][1]["moved_x"] == 70.0 / 64.0 and doc["scenarios"][0]["name"] == "noise100"
+
+
+def test_repeated_runs_give_medians_and_each_run_is_listed(tmp_path):
+    """--repeat: one row per configuration with the median of its runs (a run that never got
+    to 95% counts as the slowest), ratios of the medians, and every run's own figures listed
+    under the tables; a run that could not run is named, not counted."""
+    recs = [
+        _rec("kernel", [0.5, 1.0, 1.0, 1.0], moved_mb=60.0),
+        _rec("pagetier:heuristic", [1.0] * 4, moved_mb=90.0),
+        _rec("kernel", [0.5, 0.5, 1.0, 1.0], moved_mb=80.0),
+        _rec("pagetier:heuristic", [0.5, 1.0, 1.0, 1.0], moved_mb=180.0, pp=512),
+        _rec("kernel", [0.5, 0.5, 0.5, 0.5], moved_mb=70.0),
+        {"scenario": "noise100", "config": "pagetier:heuristic", "runnable": False,
+         "reason": "failed: the daemon exited"},
+    ]
+    doc = _doc()
+    doc["scenarios"][0]["records"] = recs
+    doc["repeat"] = 3
+    rows = live_bench.results(doc)
+    k, p = rows
+    assert k["runs"] == 3 and p["runs"] == 2
+    # kernel's t95: 2, 3 and never -> the median is 3; held: the last third (t >= 3)
+    assert k["t95"] == 3.0 and k["reached"] == "2/3" and k["moved_mb"] == 70.0
+    assert abs(k["held"] - 1.0) < 1e-9  # runs held 1.0, 1.0, 0.5
+    # pagetier: t95 1 and 2 -> 1.5; MB moved 90 and 180 -> 135; pp 0 and 512 -> 256
+    assert p["t95"] == 1.5 and p["moved_mb"] == 135.0 and p["ping_pongs"] == 256
+    assert p["t95_x"] == 0.5 and abs(p["moved_x"] - 135.0 / 70.0) < 1e-9
+    assert p["failed_runs"] == ["failed: the daemon exited"]
+    assert [r["moved_mb"] for r in p["per_run"]] == [90.0, 180.0]  # in the order they ran
+    assert live_table.median([None, 2.0, 1.0], none_last=True) == 2.0
+    assert live_table.median([None, None, 1.0], none_last=True) is None
+    assert live_table.median([None, 4.0, 1.0]) == 2.5
+
+    saved = tmp_path / "live.json"
+    saved.write_text(json.dumps(doc))
+    res = CliRunner().invoke(bench_live, ["--records", str(saved)])
+    assert res.exit_code == 0, res.output
+    out = res.output.splitlines()
+    assert any(ln.startswith("each configuration ran 3 times") for ln in out)
+    prow = next(ln for ln in out if ln.startswith("noise100") and "pagetier:heuristic" in ln)
+    assert prow.split()[2:5] == ["1.5", "0.50", "2/2"]
+    i = out.index("each run (t95 s / held % / MB moved / pp); the tables show their medians:")
+    assert out[i + 1].split() == ["noise100", "kernel", "2.0/100/60/0", "3.0/100/80/0",
+                                  "--/50/70/0"]
+    assert out[i + 2].split()[:4] == ["noise100", "pagetier:heuristic", "1.0/100/90/0",
+                                      "2.0/100/180/512"]
+    assert "(1 could not run: failed: the daemon exited)" in out[i + 2]
+
+
+def test_repeat_must_be_a_positive_count():
+    res = CliRunner().invoke(bench_live, ["--repeat", "0", "--scenarios", "noise0"])
+    assert res.exit_code == 2 and "--repeat" in res.output and "0" in res.output

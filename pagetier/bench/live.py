@@ -552,9 +552,12 @@ def _notes(name: str) -> list[str]:
     return []
 
 
-def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print) -> int:
-    """Runs inside the VM: every configuration of every scenario in turn; the records as JSON to
-    ``out_path`` (rewritten after each scenario, so a run cut short keeps what it measured)."""
+def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print,
+               repeat: int = 1) -> int:
+    """Runs inside the VM: every configuration of every scenario in turn, ``repeat`` times (the
+    configurations take turns: kernel, pagetier, ..., then kernel again, so a drift of the host
+    touches them alike); the records as JSON to ``out_path`` (rewritten after each run, so a
+    run cut short keeps what it measured)."""
     from pagetier.profiler import kmod
 
     saved = {p: kernel_tiering.read_sysctl(p)
@@ -563,7 +566,7 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print) -
     log("memory tiers: " + (", ".join(f"memory_tier{t} = nodes {nl}" for t, nl in tiers.items())
                             or "none"))
     doc = {"kernel": os.uname().release, "memory_tiers": tiers, "configs": names,
-           "scenarios": []}
+           "repeat": repeat, "scenarios": []}
     loaded = False
     try:
         if any(n.startswith("pagetier:") for n in names):
@@ -572,19 +575,22 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print) -
         for spec in specs:
             records = []
             doc["scenarios"].append({"spec": asdict(spec), "records": records})
-            for name in names:
-                t = time.monotonic()
-                try:
-                    rec = run_config(name, spec, log=log)
-                except PagetierError as e:
-                    rec = {"scenario": spec.name, "config": name, "runnable": False,
-                           "reason": f"failed: {e}"}
-                rec["wall_s"] = round(time.monotonic() - t, 1)
-                log(f"[{spec.name} {name}] " + ("done" if rec["runnable"] else
-                                                f"not run: {rec['reason']}")
-                    + f" ({rec['wall_s']:.0f} s)")
-                records.append(rec)
-            out_path.write_text(json.dumps(doc))
+            for run in range(repeat):
+                for name in names:
+                    t = time.monotonic()
+                    try:
+                        rec = run_config(name, spec, log=log)
+                    except PagetierError as e:
+                        rec = {"scenario": spec.name, "config": name, "runnable": False,
+                               "reason": f"failed: {e}"}
+                    rec["run"] = run
+                    rec["wall_s"] = round(time.monotonic() - t, 1)
+                    which = f" run {run + 1}/{repeat}" if repeat > 1 else ""
+                    log(f"[{spec.name} {name}{which}] " + ("done" if rec["runnable"] else
+                                                           f"not run: {rec['reason']}")
+                        + f" ({rec['wall_s']:.0f} s)")
+                    records.append(rec)
+                    out_path.write_text(json.dumps(doc))
     finally:
         for p, v in saved.items():
             kernel_tiering.write_sysctl(p, v)
@@ -596,15 +602,16 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print) -
 
 # ------------------------------------------------------------------ host side
 def results(doc: dict) -> list[dict]:
-    """Every scenario's rows, each with its ratios to kernel tiering in that scenario."""
+    """Every scenario's rows, one per configuration (the medians of its runs when repeated:
+    live_table.combine), each with its ratios to kernel tiering in that scenario."""
     rows = []
     for sc in doc["scenarios"]:
-        srows = []
+        runs: dict[str, list[dict]] = {}
         for r in sc["records"]:
             row = live_table.summarize(r)
             row["scenario"] = sc["spec"]["name"]
-            srows.append(row)
-        rows += live_table.add_ratios(srows)
+            runs.setdefault(row["config"], []).append(row)
+        rows += live_table.add_ratios([live_table.combine(rs) for rs in runs.values()])
     return rows
 
 
@@ -628,6 +635,13 @@ def report(doc: dict, command_line: str) -> str:
         "the mover; x kern: ratio to kernel tiering in the same scenario; -kern: held minus "
         "kernel's, in points; acc/s x: "
         "workload speed vs kernel tiering",
+    ]
+    if doc.get("repeat", 1) > 1:
+        head.append(f"each configuration ran {doc['repeat']} times, taking turns; every figure is "
+                    "the median of its runs (t95: a run that never got there counts as the "
+                    "slowest; reach: summed over the runs); ratios are of the medians; each "
+                    "run's own figures are listed below the tables")
+    head += [
         "",
         live_table.format_table(rows),
         "",
@@ -639,6 +653,9 @@ def report(doc: dict, command_line: str) -> str:
     phases = live_table.format_phases(rows)
     if phases:
         head += ["", phases]
+    each = live_table.format_runs(rows)
+    if each:
+        head += ["", each]
     splits = live_table.format_splits(rows)
     if splits:
         head += ["", splits]
@@ -657,9 +674,9 @@ def report(doc: dict, command_line: str) -> str:
 
 def run_in_vm(names, specs: list[Spec], kernel: str, quick: bool = False,
               seconds: int | None = None, mode: str = "fault", echo: bool = True,
-              interval: float | None = None) -> dict:
-    """Boots the HMAT VM once and runs every scenario in it (``echo``: the guest's progress to
-    stdout as it comes)."""
+              interval: float | None = None, repeat: int = 1) -> dict:
+    """Boots the HMAT VM once and runs every scenario in it, each configuration ``repeat``
+    times (``echo``: the guest's progress to stdout as it comes)."""
     from pagetier.workload import binary
 
     binary()
@@ -667,9 +684,10 @@ def run_in_vm(names, specs: list[Spec], kernel: str, quick: bool = False,
            f"--scenarios {shlex.quote(','.join(s.name for s in specs))} --mode {mode} "
            + ("--quick " if quick else "") + (f"--seconds {seconds} " if seconds else "")
            + (f"--interval {interval:g} " if interval is not None else "")
+           + (f"--repeat {repeat} " if repeat > 1 else "")
            + f"-o \"$PAGETIER_VM_OUT/{RESULT_NAME}\"")
     t0 = time.monotonic()
-    budget = sum(len(names) * (s.seconds + 120) for s in specs)
+    budget = sum(len(names) * repeat * (s.seconds + 120) for s in specs)
     res = test_vm().run(cmd, kernel=kernel, fast="1G", slow="1G", hmat=True, echo=echo,
                  timeout=900 + budget)
     result = res.outdir / RESULT_NAME

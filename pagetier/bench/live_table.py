@@ -151,6 +151,68 @@ def summarize(rec: dict) -> dict:
     return out
 
 
+# the figures a row of repeated runs gives as the median of its runs (live.py --repeat)
+MEDIAN_KEYS = ("seconds", "interval_s", "held", "fast_access", "accesses_per_s", "moved_mb",
+               "workload_moved_mb", "ping_pongs", "peak_fast_mb", "mgr_cpu_s", "prof_cpu_s",
+               "fast_capacity_mb")
+SPREAD_KEYS = ("t95", "held", "moved_mb", "ping_pongs")  # listed per run under the tables
+
+
+def median(xs, none_last: bool = False):
+    """The median (the mean of the middle two of an even count). ``none_last``: None counts as
+    larger than any value (a run that never got there is the slowest; the median is None when
+    it falls among them); otherwise Nones are left out (None if nothing is left)."""
+    if none_last:
+        vals = sorted(xs, key=lambda x: (x is None, 0.0 if x is None else x))
+    else:
+        vals = sorted(x for x in xs if x is not None)
+    if not vals:
+        return None
+    mid = vals[(len(vals) - 1) // 2: len(vals) // 2 + 1]
+    if any(x is None for x in mid):
+        return None
+    return sum(mid) / len(mid)
+
+
+def combine(runs: list[dict]) -> dict:
+    """One row from the rows of repeated runs of a configuration in a scenario: each figure
+    the median of the runs' (t95, overall and per phase, counting a run that never got there
+    as the slowest); ``reached`` summed over the runs; the hot-share series of all runs
+    together (so the table by second shows their mean); vmstat summed. ``runs``: how many ran,
+    ``per_run``: their own t95, held, MB moved and ping-pongs; ``failed_runs``: the reasons of
+    those that could not run. A single run's row is returned as it is."""
+    if len(runs) == 1:
+        return runs[0]
+    ok = [r for r in runs if r["runnable"]]
+    if not ok:
+        return runs[0]
+    out = dict(ok[0])
+    for key in MEDIAN_KEYS:
+        out[key] = median([r.get(key) for r in ok])
+    out["t95"] = median([r["t95"] for r in ok], none_last=True)
+    for key in ("t95_phases", "t95_intervals"):
+        lists = [r.get(key) for r in ok]
+        if all(lists) and len({len(x) for x in lists}) == 1:
+            out[key] = [median(col, none_last=True) for col in zip(*lists)]
+        else:
+            out[key] = None if key == "t95_intervals" else []
+    got = [r["reached"].split("/") for r in ok]
+    out["reached"] = f"{sum(int(a) for a, _ in got)}/{sum(int(b) for _, b in got)}"
+    out["hot_share_series"] = [p for r in ok for p in r["hot_share_series"]]
+    vm: dict = {}
+    for r in ok:
+        for k, v in (r.get("vmstat") or {}).items():
+            vm[k] = vm.get(k, 0) + v
+    out["vmstat"] = vm
+    checks = [r.get("memory_ok") for r in ok if r.get("memory_ok") is not None]
+    out["memory_ok"] = all(checks) if checks else None
+    out["notes"] = sorted({n for r in ok for n in r.get("notes", [])})
+    out["runs"] = len(ok)
+    out["per_run"] = [{k: r.get(k) for k in SPREAD_KEYS} for r in ok]
+    out["failed_runs"] = [r.get("reason") for r in runs if not r["runnable"]]
+    return out
+
+
 def ratio(x, base):
     """x / base, or None when either is missing or base is 0."""
     if x is None or base is None or base == 0:
@@ -248,6 +310,27 @@ def format_series(rows: list[dict], step: int = 5) -> str:
     return "\n".join(out)
 
 
+def format_runs(rows: list[dict]) -> str:
+    """For rows of repeated runs: each run's t95, held, MB moved and ping-pongs, in the order
+    they ran, so the spread behind each median shows; "" when every row is a single run."""
+    multi = [r for r in rows if r["runnable"] and r.get("per_run")]
+    if not multi:
+        return ""
+    out = ["each run (t95 s / held % / MB moved / pp); the tables show their medians:"]
+    prev = None
+    for r in multi:
+        if prev is not None and r.get("scenario") != prev:
+            out.append("")
+        prev = r.get("scenario")
+        label = f"{r.get('scenario') or ''} {r['config']}".strip()
+        cells = [f"{_f(x['t95'], '.1f', '--')}/{_pct(x['held'], '.0f')}/"
+                 f"{_f(x['moved_mb'], '.0f')}/{x['ping_pongs']}" for x in r["per_run"]]
+        failed = (f"  ({len(r['failed_runs'])} could not run: {r['failed_runs'][0]})"
+                  if r.get("failed_runs") else "")
+        out.append(f"{label:<34}" + "  ".join(cells) + failed)
+    return "\n".join(out)
+
+
 def format_splits(rows: list[dict]) -> str:
     """The runs in which the kernel split huge pages to migrate them (vmstat
     thp_migration_split: the target node had no free 2 MiB block), one line; "" if none. Their
@@ -255,6 +338,7 @@ def format_splits(rows: list[dict]) -> str:
     between reads without anyone's moves, so such a run's MB moved is not comparable with one
     without splits."""
     runs = [f"{r.get('scenario') or ''} {r['config']} {r['vmstat']['thp_migration_split']}".strip()
+            + (f" (in {r['runs']} runs)" if r.get("runs", 1) > 1 else "")
             for r in rows if r["runnable"] and (r.get("vmstat") or {}).get("thp_migration_split")]
     if not runs:
         return ""

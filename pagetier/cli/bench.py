@@ -231,6 +231,9 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
               help="pagetier.ko profiling mode")
 @click.option("--interval", type=float, help="the daemon's interval in pagetier's runs, s "
                                              "(default 1)")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="runs of each configuration in each scenario, taking turns; the tables show "
+                   "their medians and list each run")
 @click.option("--list", "list_only", is_flag=True, help="list the scenarios and exit")
 @click.option("--json", "as_json", is_flag=True, help="write only the results, as JSON, to stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="also write the results here")
@@ -239,7 +242,7 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
 @click.option("--records", type=click.Path(dir_okay=False), hidden=True,
               help="print the table of a saved results file instead of running")
 def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode, interval,
-               list_only, as_json, output, configs, in_guest, records):
+               repeat, list_only, as_json, output, configs, in_guest, records):
     """Compare pagetier's policies with the kernel's tiering, DAMOS and no migration, live in
     the two-node test VM (6.12: the slow node is a lower memory tier), in scenario families:
     noise (0, 10, 100, 1000 accesses per million anywhere, THP on and off), a fast node fuller
@@ -251,6 +254,7 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
       pagetier bench live --scenarios noise -o noise.json
       pagetier bench live --scenarios phases,fuller --policies heuristic,lru
       pagetier bench live --quick --json
+      pagetier bench live --scenarios noise1000,fuller --baselines kernel --repeat 3
     """
     if list_only:
         for s in live.scenarios().values():
@@ -271,7 +275,7 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
         if not output:
             raise ConfigError("bench live --in-guest needs -o")
         sys.exit(live.guest_main(names, specs, Path(output),
-                                 log=lambda m: click.echo(m, err=True)))
+                                 log=lambda m: click.echo(m, err=True), repeat=repeat))
     argv = ["pagetier", *sys.argv[1:]]
     if records:
         doc = json.loads(Path(records).read_text())
@@ -279,7 +283,7 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
         if not names:
             raise ConfigError("bench live: nothing to run (no policy and no baseline)")
         doc = live.run_in_vm(names, specs, kernel, quick=quick, seconds=seconds, mode=mode,
-                             echo=not as_json, interval=interval)
+                             echo=not as_json, interval=interval, repeat=repeat)
     doc["command"] = shlex.join(argv)
     rows = live.results(doc)
     if output:

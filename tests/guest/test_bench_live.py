@@ -21,19 +21,23 @@ def _sysctls():
 
 
 def test_scenario_without_migration_is_measured(tmp_path):
-    """guest_main: one scenario, no migration; the fast node is cut to less than the budget
-    ('fuller') and given back; the results file gives a row per configuration."""
+    """guest_main: one scenario, no migration, run twice (--repeat 2); the fast node is cut to
+    less than the budget ('fuller') and given back after each run; the results file gives a
+    row per configuration, the median of its runs."""
     fuller = live_bench.Spec("tiny-fuller", seconds=4, phase=2, size_mb=32, hot_mb=8,
                              budget_mb=24, node_free_mb=16)
     out = tmp_path / "live.json"
-    assert live_bench.guest_main(["none"], [fuller], out, log=lambda m: None) == 0
+    assert live_bench.guest_main(["none"], [fuller], out, log=lambda m: None, repeat=2) == 0
     doc = json.loads(out.read_text())
-    rec = doc["scenarios"][0]["records"][0]
-    assert rec["runnable"] and rec["memory_ok"], rec.get("reason")
-    assert abs(rec["fast_capacity_mb"] - 16) <= 4  # the node's free memory, not the budget...
+    recs = doc["scenarios"][0]["records"]
+    assert [r["run"] for r in recs] == [0, 1]
+    for rec in recs:
+        assert rec["runnable"] and rec["memory_ok"], rec.get("reason")
+        assert abs(rec["fast_capacity_mb"] - 16) <= 4  # the node's free memory, not the budget...
+        assert rec["ticks"] and rec["samples"] and {t["phase"] for t in rec["ticks"]} >= {0, 1}
     assert int(live_bench.FastCapacity().path.read_text()) == 0  # ...and given back
-    assert rec["ticks"] and rec["samples"] and {t["phase"] for t in rec["ticks"]} >= {0, 1}
     [row] = live_bench.results(doc)
+    assert row["runs"] == 2 and row["reached"].startswith("0/")  # no phase got there
     assert row["scenario"] == "tiny-fuller" and row["config"] == "none"
     assert row["held"] == 0.0 and row["t95"] is None  # first touched on the slow node; nothing moves it
     assert row["workload_moved_mb"] == 0 and row["ping_pongs"] == 0
