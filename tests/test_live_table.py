@@ -257,6 +257,7 @@ def test_repeated_runs_give_medians_and_each_run_is_listed(tmp_path):
     assert abs(k["held"] - 1.0) < 1e-9  # runs held 1.0, 1.0, 0.5
     # pagetier: t95 1 and 2 -> 1.5; MB moved 90 and 180 -> 135; pp 0 and 512 -> 256
     assert p["t95"] == 1.5 and p["moved_mb"] == 135.0 and p["ping_pongs"] == 256
+    assert p["vmstat"]["pgmigrate_success"] == 270 * 256  # summed over the runs
     assert p["t95_x"] == 0.5 and abs(p["moved_x"] - 135.0 / 70.0) < 1e-9
     assert p["failed_runs"] == ["failed: the daemon exited"]
     assert [r["moved_mb"] for r in p["per_run"]] == [90.0, 180.0]  # in the order they ran
@@ -271,7 +272,7 @@ def test_repeated_runs_give_medians_and_each_run_is_listed(tmp_path):
     out = res.output.splitlines()
     assert any(ln.startswith("each configuration ran 3 times") for ln in out)
     prow = next(ln for ln in out if ln.startswith("noise100") and "pagetier:heuristic" in ln)
-    assert prow.split()[2:5] == ["1.5", "0.50", "2/2"]
+    assert prow.split()[2:5] == ["1.5", "0.50", "2/2"] and prow.split()[10] == "256"
     i = out.index("each run (t95 s / held % / MB moved / pp); the tables show their medians:")
     assert out[i + 1].split() == ["noise100", "kernel", "2.0/100/60/0", "3.0/100/80/0",
                                   "--/50/70/0"]

@@ -261,7 +261,7 @@ def format_row(r: dict) -> str:
             f"{_f(r.get('t95_x'), '.2f', '--'):>6} {r['reached']:>5} "
             f"{_pct(r['held'], '.1f'):>6} {_f(None if r.get('held_d') is None else r['held_d'] * 100, '+.0f', '--'):>5} "
             f"{r['moved_mb']:>8.1f} {_f(r.get('moved_x'), '.2f', '--'):>6} "
-            f"{_f(r.get('moved_per_hot'), '.1f', '--'):>5} {r['ping_pongs']:>6} "
+            f"{_f(r.get('moved_per_hot'), '.1f', '--'):>5} {_f(r['ping_pongs'], '.0f'):>6} "
             f"{_f(r['mgr_cpu_s'], '.2f'):>6} {_f(r.get('accesses_x'), '.2f'):>7}")
 
 
