@@ -19,7 +19,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    fast units, those outside the hot set first, but only for a unit measurably hotter:
    promoted heat > victim heat * (1 + ``margin``) and at least ``gap_ratio`` times the
    reference heat above it (two noise units never swap), and itself at least
-   ``exchange_ratio`` times the median heat of the hot set, both now and before this
+   ``exchange_ratio`` times the median heat of the hot set's units of its size (with THP, 2
+   MiB units are compared with 2 MiB units, 4 KiB ones with 4 KiB ones), both now and before this
    interval's read when it was warm already (``sustained_exchange``: one estimate that jumped
    is not a hot unit; a unit cold before is not held back). Colder units are warm: they fill
    free room but never push a resident out (with noise on every huge page, the warm units'
@@ -648,8 +649,18 @@ class Heuristic(Policy):
         threshold = float(desired_score.min()) if len(desired) else None
         gap = c.gap_ratio * ref
         # a promotion that evicts a resident must be hot, not merely warm: at least
-        # exchange_ratio times the hot set's median heat
-        bar = c.exchange_ratio * float(np.median(desired_score)) if len(desired) else 0.0
+        # exchange_ratio times the median heat of the hot set's units of its size (a unit's
+        # bar; the whole hot set's median for a size not in it). With THP on, a few dozen
+        # 4 KiB units came up now and then, each accessed in no probe window; counted with the
+        # 2 MiB units they put the median among the noise, and ten huge noise units at a time
+        # traded places with ten others (bench live noise1000: 3-5k pages each way in 7 of 15
+        # runs, each on a read where such units had come up; most of what it moved after the
+        # first promotions)
+        bar = np.full(len(U), c.exchange_ratio * float(np.median(desired_score))
+                      if len(desired) else 0.0)
+        dsize = npages[desired]
+        for size in np.unique(dsize):
+            bar[npages == size] = c.exchange_ratio * float(np.median(desired_score[dsize == size]))
         # ...and a warm unit must have been before this interval's read: its heat then,
         # (heat - rate) / decay for a steady unit, at least the bar too. One estimate above the
         # bar is not a hot unit: with noise on every huge page a warm unit's estimate now and
@@ -696,7 +707,7 @@ class Heuristic(Policy):
         # huge unit all of them are above the noise floor, and counting them let the noise units
         # trade places after the first promotions (bench live noise1000: 2.0 times the hot set
         # moved, against 1.7)
-        resampled = after_change and int(npages[order[score[order] >= bar]].sum()) > 2 * holds
+        resampled = after_change and int(npages[order[score[order] >= bar[order]]].sum()) > 2 * holds
         if self._throttle_until is not None and now > self._throttle_until:
             self._throttle_until = None
         if self._freeze_until is not None and now > self._freeze_until:
@@ -728,8 +739,9 @@ class Heuristic(Policy):
                 npages, promo, (steady if sure else score)[promo], fidx,
                 np.maximum(score[fidx], before[fidx] / decay) if sure else score[fidx],
                 used=used, cap=cap_high, must=must, max_moves=max_moves,
-                margin=margin, gap=gap, bar=bar, n_room=n_room,
-                bar_rank=None if steady is None else steady[promo],
+                margin=margin, gap=gap, bar=1.0, n_room=n_room,
+                bar_rank=np.divide((score if steady is None else steady)[promo], bar[promo],
+                                   out=np.full(len(promo), np.inf), where=bar[promo] > 0),
             )
             # a move-back: a unit moved within thrash_window moved again
             back = np.concatenate([p[within[p]], d[within[d]]])
@@ -843,7 +855,7 @@ class Heuristic(Policy):
             "exchange": bool(promoted and demoted and not must),
             "move_back_pages": backs,
             # promoted pages under the exchange bar: warm units filling free room
-            "warm_promote_pages": int(npages[p[score[p] < bar]].sum()),
+            "warm_promote_pages": int(npages[p[score[p] < bar[p]]].sum()),
             "thrash": round(self._thrash, 4),
             "candidates": int(len(U)),
         }

@@ -999,3 +999,24 @@ def test_jaccard_sorted_is_the_jaccard_index():
         want = len(sa & sb) / len(sa | sb) if sa | sb else 1.0
         assert _jaccard_sorted(a, b) == pytest.approx(want)
         assert _jaccard_sorted(a, b.astype(np.int64)) == pytest.approx(want)
+
+
+def test_heuristic_small_units_do_not_lower_the_exchange_bar_of_huge_ones():
+    """THP on: 2 MiB units, 32 hot on the fast node with 13 noise units filling the budget,
+    and 60 4 KiB units at a noise unit's heat among the candidates (they came up now and then
+    in bench live noise1000, each accessed in no probe window). Per unit they would outnumber
+    the huge units and put the hot set's median among the noise, and 13 noise units measurably
+    hotter than the 13 resident ones would trade places with them. The bar is the median of
+    the candidate's own size: no noise unit evicts another."""
+    huge, small = 512, 1
+    heat = np.r_[np.full(32, 300.0), np.full(13, 20.0), np.full(13, 60.0), np.full(70, 20.0),
+                 np.full(60, 14.0)]
+    node = [FAST] * 45 + [SLOW] * (13 + 70 + 60)
+    npages = [huge] * (32 + 13 + 13 + 70) + [small] * 60
+    st = make_state(heat=heat, node=node, npages=npages)
+    d = create("heuristic").decide(st, Context(fast_budget=45 * huge, max_moves=1 << 20))
+    assert len(d.promote) == 0 and len(d.demote) == 0, (d.promote, d.demote)
+    # without the small units the same: the 13 are warm, under a quarter of the median
+    st = make_state(heat=heat[:128], node=node[:128], npages=npages[:128])
+    d = create("heuristic").decide(st, Context(fast_budget=45 * huge, max_moves=1 << 20))
+    assert len(d.promote) == 0 and len(d.demote) == 0

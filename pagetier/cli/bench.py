@@ -291,7 +291,7 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
     if as_json:
         click.echo(json.dumps({"command": doc["command"], "kernel": doc["kernel"],
                                "scenarios": [sc["spec"] for sc in doc["scenarios"]],
-                               "vm_seconds": doc.get("vm_seconds"),
+                               "vm_seconds": doc.get("vm_seconds"), "repeat": doc.get("repeat", 1),
                                "kernel_reports": doc.get("kernel_reports", []), "rows": rows}))
     else:
         click.echo(live.report(doc, doc["command"]))
