@@ -653,9 +653,9 @@ class Heuristic(Policy):
         # bar; the whole hot set's median for a size not in it). With THP on, a few dozen
         # 4 KiB units came up now and then, each accessed in no probe window; counted with the
         # 2 MiB units they put the median among the noise, and ten huge noise units at a time
-        # traded places with ten others (bench live noise1000: 3-5k pages each way in 7 of 15
-        # runs, each on a read where such units had come up; most of what it moved after the
-        # first promotions)
+        # traded places with ten others (bench live noise1000: 3-5k pages each way in 8 of 15
+        # runs, each on a read with 4 KiB units among the 2 MiB ones; most of what it moved
+        # after the first promotions)
         bar = np.full(len(U), c.exchange_ratio * float(np.median(desired_score))
                       if len(desired) else 0.0)
         dsize = npages[desired]
