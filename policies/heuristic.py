@@ -20,8 +20,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    promoted heat > victim heat * (1 + ``margin``) and at least ``gap_ratio`` times the
    reference heat above it (two noise units never swap), and itself at least
    ``exchange_ratio`` times the median heat of the hot set's units of its size (with THP, 2
-   MiB units are compared with 2 MiB units, 4 KiB ones with 4 KiB ones), both now and before this
-   interval's read when it was warm already (``sustained_exchange``: one estimate that jumped
+   MiB units are compared with 2 MiB units, 4 KiB ones with 4 KiB ones), both now and before
+   this interval's read when it was warm already (``sustained_exchange``: one estimate that jumped
    is not a hot unit; a unit cold before is not held back). Colder units are warm: they fill
    free room but never push a resident out (with noise on every huge page, the warm units'
    estimates jump from one interval to the next and they kept trading the spare budget among
@@ -184,7 +184,7 @@ def plan_moves(
     max_moves: int,
     margin: float = 0.0,
     gap: float = 0.0,
-    bar: float = 0.0,
+    bar: float | np.ndarray = 0.0,
     bar_rank: np.ndarray | None = None,
     n_room: int | None = None,
     passes: int = 4,
@@ -198,7 +198,8 @@ def plan_moves(
     max_moves: pages that may move in all; n_room: how many leading victims may be evicted to
     make room for a promotion (default all; the rest serve only ``must``).
     A promotion that needs evictions is taken only if its rank exceeds every evicted victim's
-    rank times ``1 + margin`` and by at least ``gap``, and is at least ``bar`` (compared with
+    rank times ``1 + margin`` and by at least ``gap``, and is at least ``bar`` (a number, or
+    one per unit of ``promo``; compared with
     ``bar_rank``, the candidates' values for that test, when given: promo_rank's order, not
     necessarily its values). Promotions are taken in order; a candidate that does not fit is
     skipped and the next ones are tried, up to ``passes`` times.
@@ -245,7 +246,7 @@ def plan_moves(
             vm = vmax[np.clip(jc - j0 - 1, 0, None)] if len(vmax) else np.full(len(jc), np.inf)
             pr = promo_rank[cand].astype(np.float64)
             br = pr if bar_rank is None else bar_rank[cand].astype(np.float64)
-            ok &= ~evicts | ((pr > vm) & (br >= bar))
+            ok &= ~evicts | ((pr > vm) & (br >= (bar if np.ndim(bar) == 0 else bar[cand])))
         k = len(ok) if ok.all() else int(np.argmin(ok))
         if k:
             taken.append(promo[cand[:k]])
@@ -707,7 +708,8 @@ class Heuristic(Policy):
         # huge unit all of them are above the noise floor, and counting them let the noise units
         # trade places after the first promotions (bench live noise1000: 2.0 times the hot set
         # moved, against 1.7)
-        resampled = after_change and int(npages[order[score[order] >= bar[order]]].sum()) > 2 * holds
+        at_bar = order[score[order] >= bar[order]]
+        resampled = after_change and int(npages[at_bar].sum()) > 2 * holds
         if self._throttle_until is not None and now > self._throttle_until:
             self._throttle_until = None
         if self._freeze_until is not None and now > self._freeze_until:
@@ -739,9 +741,8 @@ class Heuristic(Policy):
                 npages, promo, (steady if sure else score)[promo], fidx,
                 np.maximum(score[fidx], before[fidx] / decay) if sure else score[fidx],
                 used=used, cap=cap_high, must=must, max_moves=max_moves,
-                margin=margin, gap=gap, bar=1.0, n_room=n_room,
-                bar_rank=np.divide((score if steady is None else steady)[promo], bar[promo],
-                                   out=np.full(len(promo), np.inf), where=bar[promo] > 0),
+                margin=margin, gap=gap, bar=bar[promo], n_room=n_room,
+                bar_rank=None if steady is None else steady[promo],
             )
             # a move-back: a unit moved within thrash_window moved again
             back = np.concatenate([p[within[p]], d[within[d]]])

@@ -36,6 +36,7 @@ The metrics (per configuration and scenario):
 from __future__ import annotations
 
 import math
+import statistics
 
 HOT_THRESHOLD = 0.95  # the hot set "reached" the fast node when this share of its pages is there
 HELD_PART = 1 / 3  # held: the mean over the last third of each phase
@@ -163,15 +164,10 @@ def median(xs, none_last: bool = False):
     larger than any value (a run that never got there is the slowest; the median is None when
     it falls among them); otherwise Nones are left out (None if nothing is left)."""
     if none_last:
-        vals = sorted(xs, key=lambda x: (x is None, 0.0 if x is None else x))
-    else:
-        vals = sorted(x for x in xs if x is not None)
-    if not vals:
-        return None
-    mid = vals[(len(vals) - 1) // 2: len(vals) // 2 + 1]
-    if any(x is None for x in mid):
-        return None
-    return sum(mid) / len(mid)
+        m = statistics.median([math.inf if x is None else x for x in xs]) if xs else math.inf
+        return None if math.isinf(m) else m
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
 
 
 def combine(runs: list[dict]) -> dict:
