@@ -26,15 +26,28 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    free room but never push a resident out (with noise on every huge page, the warm units'
    estimates jump from one interval to the next and they kept trading the spare budget among
    themselves; the reference heat falls among them when their share of all the heat is
-   large, so the bar is taken from the hot set). A warm unit fills free room only when it was
-   above the noise floor before this interval's read as well (``sustained_fill``): a page of
-   sparse noise is above it in the read after its one access and never again, and such pages
-   filled the room every interval, pushed the node over the high watermark and were demoted
-   again (bench live noise1000 without THP: 1.6-2.4 times the hot set moved); and only when
-   it is at least ``fill_ratio`` times the reference heat (with THP and noise on every huge
-   page, every unit is above the noise floor, and the noise units filled the spare budget:
-   bench live noise1000 moved 1.5-1.7 times the hot set). Demotions come
-   first in the plan and the daemon moves them first, so the promotions find the room freed.
+   large, so the bar is taken from the hot set). Free room is filled on two reads as well
+   (``sustained_fill``): a unit at the bar by one estimate that jumped waits for the next
+   read, as for an exchange; a warm unit needs ``fill_ratio`` times the median heat of the hot
+   set's units of its size (each at the better of its heat now and before the read) on each
+   of its last estimates (this read's rate, its heat now and its heat before the read), and
+   to have been above the noise floor before the read. A page of sparse noise is above the
+   floor in the read after its one access and never again, and such pages filled the room
+   every interval, pushed the node over the high watermark and were demoted again (bench live
+   noise1000 without THP: 1.6-2.4 times the hot set moved). With THP, noise on every huge
+   unit reads at 54 accesses/s most of the time, at 208 one read in five and at 700 one in
+   fifty, against 1,500-1,700 for a hot unit (and a third of that in a read that finds the
+   program slowed): one read's jump put noise units at the bar, two reads' at a fifth of the
+   reference heat (which falls among them), and they filled the spare third of the budget
+   (1.5-1.6 times the hot set moved); with the hot set's heat in one read as the scale, each
+   slowed read let a few in, all run long (1.4 and 1.6 times in two runs). On a young read,
+   when most of the hot set's pages have their first estimate in it, a unit moves only at
+   ``young_ratio`` times that median, and in the read after it only at the bar by this read's
+   rate as well: pagetier.ko's first estimates tell a hot unit from noise by a factor of 3-4
+   only (hot units at 450-1,150, a fifth of the noise units at 125-130, above the bar), and in
+   the next read, which the first promotions slow down and which finds little, a unit's heat
+   is still mostly that first estimate. Demotions come first in the plan and the daemon moves
+   them first, so the promotions find the room freed.
    The node limit never makes the policy demote by itself (the daemon does not give memory to
    other tenants); fast-node use above ``high_watermark * fast_budget`` is demoted down to
    ``low_watermark``, and in that interval warm units (under the exchange bar) are not
@@ -108,8 +121,9 @@ pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "ra
 none did, or room was left and the policy's own rules held them, as warm units waiting for a
 second read),
 ``exchange``, ``noise_floor``, ``reference_heat``, the throttle's reasons, ``move_back_pages``,
-``warm_promote_pages`` (pages promoted under the exchange bar: warm units filling free room)
-and ``phase_check``: which test (7.) ruled out a phase change by this interval's rates.
+``warm_promote_pages`` (pages promoted under the exchange bar: warm units filling free room),
+``young_read`` (a young read or the one after it, 4.) and ``phase_check``: which test (7.)
+ruled out a phase change by this interval's rates.
 
 Everything is vectorized numpy; the policy keeps only the previous hot set's keys (sorted
 ``(target << 48) | (addr >> 12)``, so it survives units appearing and disappearing) and a few
@@ -262,6 +276,15 @@ def plan_moves(
     return promote.astype(np.int64), victims[:j].astype(np.int64)
 
 
+def _median_by_size(values: np.ndarray, sizes: np.ndarray, npages: np.ndarray) -> np.ndarray:
+    """For each unit of ``npages``, the median of ``values`` over the units of its size
+    (``sizes``: theirs); the median of all of them for a size not among them (0.0 if none)."""
+    out = np.full(len(npages), float(np.median(values)) if len(values) else 0.0)
+    for size in np.unique(sizes):
+        out[npages == size] = float(np.median(values[sizes == size]))
+    return out
+
+
 def _member_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Which of ``a`` are in ``b`` (``b`` sorted)."""
     if not len(b):
@@ -332,8 +355,9 @@ class Heuristic(Policy):
         gap_ratio: float = 0.1  # ...and promoted - victim heat >= gap_ratio * reference heat
         exchange_ratio: float = 0.25  # ...and promoted heat >= exchange_ratio * hot set's median
         sustained_exchange: bool = True  # ...now and before this interval's read
-        sustained_fill: bool = True  # a warm unit fills free room only if warm before the read
-        fill_ratio: float = 0.2  # ...and at least fill_ratio * reference heat now
+        sustained_fill: bool = True  # free room is filled on two reads too: a warm unit...
+        fill_ratio: float = 0.15  # ...at least fill_ratio * the hot set's median heat
+        young_ratio: float = 0.4  # on a young read a unit moves only at this * median heat
         noise_ratio: float = 0.05  # colder than noise_ratio * reference heat: noise, not promoted
         ref_mass: float = 0.9  # the reference heat: the coldest unit of those carrying this share
         thrash_window: int = 4  # a move within this many intervals of the last is a move-back
@@ -370,6 +394,8 @@ class Heuristic(Policy):
                 bad("noise_ratio", "must be in [0, 1)")
             if not 0 <= self.fill_ratio <= 1:
                 bad("fill_ratio", "must be in [0, 1]")
+            if not 0 <= self.young_ratio <= 1:
+                bad("young_ratio", "must be in [0, 1]")
             if not 0 < self.ref_mass <= 1:
                 bad("ref_mass", "must be in (0, 1]")
             if self.thrash_window < self.min_residency:
@@ -411,6 +437,7 @@ class Heuristic(Policy):
         self._changed: deque[tuple[np.ndarray, np.ndarray, int]] = deque(maxlen=2)
         self._reads = 0  # reads with rates so far
         self._held = 0  # reads in a row since the last change on the last hot set
+        self._young_at = None  # the read of the last young read (see decide)
 
     def _hot_order(self, score, cand, fast, rest: float = 0.0):
         """(units of ``cand`` above the noise floor, hottest first with ties to fast residents;
@@ -657,11 +684,9 @@ class Heuristic(Policy):
         # traded places with ten others (bench live noise1000: 3-5k pages each way in 8 of 15
         # runs, each on a read with 4 KiB units among the 2 MiB ones; most of what it moved
         # after the first promotions)
-        bar = np.full(len(U), c.exchange_ratio * float(np.median(desired_score))
-                      if len(desired) else 0.0)
         dsize = npages[desired]
-        for size in np.unique(dsize):
-            bar[npages == size] = c.exchange_ratio * float(np.median(desired_score[dsize == size]))
+        med = _median_by_size(desired_score, dsize, npages)
+        bar = c.exchange_ratio * med
         # ...and a warm unit must have been before this interval's read: its heat then,
         # (heat - rate) / decay for a steady unit, at least the bar too. One estimate above the
         # bar is not a hot unit: with noise on every huge page a warm unit's estimate now and
@@ -671,23 +696,39 @@ class Heuristic(Policy):
         # those back too cost bench sim 3 more losses, 4% on hotcold-phased); a phase change
         # ranks by rates instead
         steady = None
-        # a unit under the bar (warm, not hot) fills free room only when it is at least
-        # fill_ratio times the reference heat: with THP and 1,000 noise accesses per million,
-        # every huge unit is above the noise floor and the noise units filled the budget's spare
-        # third (bench live noise1000: 1.5-1.7 times the hot set moved, where the hot set is all
-        # it needs); they sit at a tenth of the reference heat, jumping to a fifth
-        fill_ok = (score >= bar) | (score >= c.fill_ratio * ref) if c.fill_ratio > 0 else None
+        # free room: a unit at the bar fills it; a unit under it (warm, not hot) only at
+        # fill_ratio times the median heat of the hot set's units of its size
+        fill_ok = (score >= bar) | (score >= c.fill_ratio * med)
+        young_test = False  # whether this read is young (in stats)
         if rate is not None and decay > 0:
             before = np.maximum(heat - rate, 0.0)  # the heat before this read, decayed
             if c.sustained_exchange and not seen_now:
                 steady = np.where(before >= c.min_heat, np.minimum(score, before / decay), score)
             if c.sustained_fill:
-                # a unit under the bar (warm, not hot) fills free room only when its heat was
-                # above the noise floor before this read too: a page of sparse noise is above
-                # it in the read after its one access and never again, and on a phase change's
-                # read the new phase's warm units wait for their heat
-                sustained = (score >= bar) | (before / decay >= floor)
-                fill_ok = sustained if fill_ok is None else fill_ok & sustained
+                # free room on two reads too (4.): a unit at the bar by one estimate that
+                # jumped waits a read; a warm unit is judged on the lowest of this read's rate,
+                # its heat now and before, against the hot set's heat at the better of now and
+                # before (a read that finds the hot units slowed lowers that, not the warm
+                # unit's last estimates), and was above the noise floor before the read
+                hot_fill = (score if steady is None else steady) >= bar
+                warm = np.minimum(score, np.minimum(rate / (1.0 - decay), before / decay))
+                fill_scale = _median_by_size(np.maximum(desired_score, before[desired] / decay),
+                                             dsize, npages)
+                fill_ok = hot_fill | ((warm >= c.fill_ratio * fill_scale)
+                                      & (before / decay >= floor))
+            # young reads (4.): most of the hot set's pages estimated for the first time in
+            # this read; in the read after it, a unit moves at the bar by this read's rate too
+            first = before / decay < c.min_heat
+            young = bool(len(desired)) and (
+                2 * int(npages[desired][first[desired]].sum()) >= desired_pages)
+            after = self._young_at == self._reads - 1
+            young_test = c.young_ratio > 0 and (young or after)
+            if young_test and young:
+                fill_ok &= score >= c.young_ratio * med
+            elif young_test:
+                fill_ok &= np.minimum(score, rate / (1.0 - decay)) >= bar
+            if young:
+                self._young_at = self._reads
 
         # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
         # for a few intervals after a phase change the last phase's units are still warm: they
@@ -857,6 +898,7 @@ class Heuristic(Policy):
             "move_back_pages": backs,
             # promoted pages under the exchange bar: warm units filling free room
             "warm_promote_pages": int(npages[p[score[p] < bar[p]]].sum()),
+            "young_read": bool(young_test),
             "thrash": round(self._thrash, 4),
             "candidates": int(len(U)),
         }
