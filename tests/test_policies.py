@@ -430,6 +430,7 @@ def test_heat_classes_fill_hottest_class_first():
         ("heuristic", {"thrash_window": 1}, ["thrash_window"]),
         ("heuristic", {"history": 1}, ["history"]),
         ("heuristic", {"fill_ratio": 1.5}, ["fill_ratio"]),
+        ("heuristic", {"young_ratio": -0.1}, ["young_ratio"]),
         ("heuristic", {"phase_jaccard": 0.9}, ["phase_jaccard"]),
         ("lru", {"window": 1}, ["window"]),
         ("lru", {"windows": 3}, ["windows"]),
