@@ -697,36 +697,40 @@ class Heuristic(Policy):
         # ranks by rates instead
         steady = None
         # free room: a unit at the bar fills it; a unit under it (warm, not hot) only at
-        # fill_ratio times the median heat of the hot set's units of its size
-        fill_ok = (score >= bar) | (score >= c.fill_ratio * med)
+        # fill_ratio times the median heat of the hot set's units of its size. Worked out for
+        # the units a promotion can take only (the hot set's, off the fast node)
+        fc = np.flatnonzero(in_set & ~fast)
+        fs, fbar = score[fc], bar[fc]
+        fill_ok = np.zeros(len(U), bool)
+        fill_ok[fc] = (fs >= fbar) | (fs >= c.fill_ratio * med[fc])
         young_test = False  # whether this read is young (in stats)
         if rate is not None and decay > 0:
             before = np.maximum(heat - rate, 0.0)  # the heat before this read, decayed
             if c.sustained_exchange and not seen_now:
                 steady = np.where(before >= c.min_heat, np.minimum(score, before / decay), score)
+            fnow = rate[fc] / (1.0 - decay)  # this read's rate as a steady unit's heat
             if c.sustained_fill:
                 # free room on two reads too (4.): a unit at the bar by one estimate that
                 # jumped waits a read; a warm unit is judged on the lowest of this read's rate,
                 # its heat now and before, against the hot set's heat at the better of now and
                 # before (a read that finds the hot units slowed lowers that, not the warm
                 # unit's last estimates), and was above the noise floor before the read
-                hot_fill = (score if steady is None else steady) >= bar
-                warm = np.minimum(score, np.minimum(rate / (1.0 - decay), before / decay))
+                fb = before[fc] / decay
+                hot_fill = (fs if steady is None else steady[fc]) >= fbar
+                warm = np.minimum(fs, np.minimum(fnow, fb))
                 fill_scale = _median_by_size(np.maximum(desired_score, before[desired] / decay),
-                                             dsize, npages)
-                fill_ok = hot_fill | ((warm >= c.fill_ratio * fill_scale)
-                                      & (before / decay >= floor))
+                                             dsize, npages[fc])
+                fill_ok[fc] = hot_fill | ((warm >= c.fill_ratio * fill_scale) & (fb >= floor))
             # young reads (4.): most of the hot set's pages estimated for the first time in
             # this read; in the read after it, a unit moves at the bar by this read's rate too
-            first = before / decay < c.min_heat
-            young = bool(len(desired)) and (
-                2 * int(npages[desired][first[desired]].sum()) >= desired_pages)
+            first = before[desired] / decay < c.min_heat
+            young = bool(len(desired)) and 2 * int(dsize[first].sum()) >= desired_pages
             after = self._young_at == self._reads - 1
             young_test = c.young_ratio > 0 and (young or after)
             if young_test and young:
-                fill_ok &= score >= c.young_ratio * med
+                fill_ok[fc] &= fs >= c.young_ratio * med[fc]
             elif young_test:
-                fill_ok &= np.minimum(score, rate / (1.0 - decay)) >= bar
+                fill_ok[fc] &= np.minimum(fs, fnow) >= fbar
             if young:
                 self._young_at = self._reads
 
@@ -761,9 +765,7 @@ class Heuristic(Policy):
             # frozen: units moved within thrash_window stay where they are
             still = within if freeze else recent
             margin = c.thrash_margin if throttle else c.margin
-            pmask = in_set & ~fast & ~still
-            if fill_ok is not None:
-                pmask &= fill_ok
+            pmask = in_set & ~fast & ~still & fill_ok
             if must:
                 pmask &= score >= bar  # warm units do not refill what the watermark demoted
             promo = order[pmask[order]]
