@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from pagetier.checkout import test_vm
+from pagetier.checkout import test_vm as load_test_vm  # not test_*: pytest would collect it
 
-vm = test_vm()  # scripts/testvm.py
+vm = load_test_vm()  # scripts/testvm.py
 
 pytestmark = pytest.mark.vm
 
