@@ -706,8 +706,10 @@ class Heuristic(Policy):
         young_test = False  # whether this read is young (in stats)
         if rate is not None and decay > 0:
             before = np.maximum(heat - rate, 0.0)  # the heat before this read, decayed
+            prev = before / decay  # ...as the last read left it
+            prev_d = prev[desired]
             if c.sustained_exchange and not seen_now:
-                steady = np.where(before >= c.min_heat, np.minimum(score, before / decay), score)
+                steady = np.where(before >= c.min_heat, np.minimum(score, prev), score)
             fnow = rate[fc] / (1.0 - decay)  # this read's rate as a steady unit's heat
             if c.sustained_fill:
                 # free room on two reads too (4.): a unit at the bar by one estimate that
@@ -715,22 +717,20 @@ class Heuristic(Policy):
                 # its heat now and before, against the hot set's heat at the better of now and
                 # before (a read that finds the hot units slowed lowers that, not the warm
                 # unit's last estimates), and was above the noise floor before the read
-                fb = before[fc] / decay
+                fb = prev[fc]
                 hot_fill = (fs if steady is None else steady[fc]) >= fbar
                 warm = np.minimum(fs, np.minimum(fnow, fb))
-                fill_scale = _median_by_size(np.maximum(desired_score, before[desired] / decay),
-                                             dsize, npages[fc])
+                fill_scale = _median_by_size(np.maximum(desired_score, prev_d), dsize, npages[fc])
                 fill_ok[fc] = hot_fill | ((warm >= c.fill_ratio * fill_scale) & (fb >= floor))
             # young reads (4.): most of the hot set's pages estimated for the first time in
             # this read; in the read after it, a unit moves at the bar by this read's rate too
-            first = before[desired] / decay < c.min_heat
-            young = bool(len(desired)) and 2 * int(dsize[first].sum()) >= desired_pages
+            first = int(dsize[prev_d < c.min_heat].sum())  # pages first estimated now
+            young = bool(len(desired)) and 2 * first >= desired_pages
             after = self._young_at == self._reads - 1
             young_test = c.young_ratio > 0 and (young or after)
-            if young_test and young:
-                fill_ok[fc] &= fs >= c.young_ratio * med[fc]
-            elif young_test:
-                fill_ok[fc] &= np.minimum(fs, fnow) >= fbar
+            if young_test:
+                fill_ok[fc] &= (fs >= c.young_ratio * med[fc]) if young else (
+                    np.minimum(fs, fnow) >= fbar)
             if young:
                 self._young_at = self._reads
 
@@ -782,7 +782,7 @@ class Heuristic(Policy):
             sure = throttle and steady is not None
             p, d = plan_moves(
                 npages, promo, (steady if sure else score)[promo], fidx,
-                np.maximum(score[fidx], before[fidx] / decay) if sure else score[fidx],
+                np.maximum(score[fidx], prev[fidx]) if sure else score[fidx],
                 used=used, cap=cap_high, must=must, max_moves=max_moves,
                 margin=margin, gap=gap, bar=bar[promo], n_room=n_room,
                 bar_rank=None if steady is None else steady[promo],
