@@ -77,11 +77,13 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    phase change (7.) neither applies and its moves do not count as move-backs: what the last
    phase brought goes back and the new hot set comes in, in one batch. When the hot set is larger
    than the fast capacity ("oversubscribed") exchanges are throttled the same way, except in
-   the ``thrash_window`` intervals after a phase change, while the last phase's units cool.
-   In those intervals, when the units at the exchange bar (4.) are more than twice the fast
-   capacity, move-backs do not throttle either: the fast node then holds a small part of the
-   new phase's units, chosen again as they warm, and what the change brought in on its rates
-   partly goes out again.
+   the interval of a phase change and the ``thrash_window`` intervals after it, while the
+   last phase's units cool (throttled at the change itself, the exchange that brings a new
+   region in took 3-4 reads in bench live fuller and phases, not 1-2).
+   In the intervals after a change, when the units at the exchange bar (4.) are more than
+   twice the fast capacity, move-backs do not throttle either: the fast node then holds a
+   small part of the new phase's units, chosen again as they warm, and what the change
+   brought in on its rates partly goes out again.
    Promotions into free room are never throttled: they go in one large batch, up to the rate
    limit;
 7. classifies the access pattern from the overlap (Jaccard) of successive hot sets
@@ -821,7 +823,14 @@ class Heuristic(Policy):
             self._throttle_until = now + c.thrash_window
         if self._throttle_until is not None:
             reasons.append("move-backs")
-        if "move-backs" in reasons or (reasons and throttled_max < max_moves):
+        if change:
+            # in the interval of a phase change an oversubscribed hot set does not cut the
+            # moves either (6.): the last phase's units make it look larger than the fast node,
+            # but they are on their way out (bench live fuller and phases: the exchange cut to
+            # a quarter, and the new region in only 3-4 reads later)
+            throttled_max = max_moves
+        # (a phase change's plan is made again all the same: the throttle's record counts it)
+        if "move-backs" in reasons or (reasons and (change or throttled_max < max_moves)):
             freeze = self._freeze_until is not None
             p, d, promo, pages, backs = plan("move-backs" in reasons, throttled_max, freeze)
             # the move-backs of the plans made under the throttle (a moving average)
@@ -833,6 +842,8 @@ class Heuristic(Policy):
                 p, d, promo, pages, backs = plan(True, throttled_max, True)
         if self._freeze_until is not None:
             reasons.append("frozen")
+        if change and "oversubscribed" in reasons:
+            reasons.remove("oversubscribed")  # it cut nothing
 
         # which limit kept desired units off the fast node
         left = np.setdiff1d(promo, p, assume_unique=True)

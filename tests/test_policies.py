@@ -299,9 +299,9 @@ def test_heuristic_a_few_lukewarm_units_are_no_phase_change():
 
 
 def test_heuristic_not_oversubscribed_while_the_last_phase_cools():
-    """Right after a phase change the last hot set is still warm: with it the hot set looks
-    larger than the fast node, but the exchange that brings the new one in is not throttled
-    as oversubscribed (bench live fuller crept from 55% to 93% over 10 s)."""
+    """At a phase change and right after it the last hot set is still warm: with it the hot
+    set looks larger than the fast node, but the exchange that brings the new one in is not
+    throttled as oversubscribed (bench live fuller crept from 55% to 93% over 10 s)."""
     ctx = Context(fast_budget=12, max_moves=8)
     pol = create("heuristic", {"history": 4})
     a = np.r_[np.full(10, 50.0), np.zeros(90)]
@@ -312,6 +312,11 @@ def test_heuristic_not_oversubscribed_while_the_last_phase_cools():
     b[:10], b[50:60] = 25.0, 50.0  # B hot, A half as warm
     d = pol.decide(make_state(heat=b, node=node_a, interval=6), ctx)
     assert d.stats["phase_change"], d.stats
+    # nor in the interval of the change: the exchange gets the whole rate limit, 5 in (into
+    # the room left and for 3 out), not a quarter of it (bench live fuller and phases: the
+    # new region came in reads later)
+    st_b = make_state(heat=b, node=node_a)
+    assert (pages(st_b, d.promote), pages(st_b, d.demote)) == (5, 3), d.stats
     # the next interval: A still warm (12.5) and most of B still on the slow node
     c = b.copy()
     c[:10] = 12.5
