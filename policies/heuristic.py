@@ -78,8 +78,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    phase brought goes back and the new hot set comes in, in one batch. When the hot set is larger
    than the fast capacity ("oversubscribed") exchanges are throttled the same way, except in
    the interval of a phase change and the ``thrash_window`` intervals after it, while the
-   last phase's units cool (throttled at the change itself, the exchange that brings a new
-   region in took 3-4 reads in bench live fuller and phases, not 1-2).
+   last phase's units cool, and on a read that sees a new hot set in part ("weak", 7.)
+   (throttled there, the exchange that brings a new region in took 3-4 reads in bench live
+   fuller and phases, not 1-2).
    In the intervals after a change, when the units at the exchange bar (4.) are more than
    twice the fast capacity, move-backs do not throttle either: the fast node then holds a
    small part of the new phase's units, chosen again as they warm, and what the change
@@ -743,7 +744,10 @@ class Heuristic(Policy):
         # (bench live fuller)
         after_change = self._since_change is not None and self._since_change < c.thrash_window
         holds = min(budget, node_cap if node_cap is not None else budget)
-        oversubscribed = not after_change and hot_pages > holds
+        # nor on a read whose accesses are mostly off the last hot set with the new one seen
+        # in part ("weak", 7.): the set is moving (bench live fuller: that read's exchange cut
+        # to a quarter, the new region in 4 intervals)
+        oversubscribed = not after_change and hot_pages > holds and self._phase_check != "weak"
         # nor, there, the move-backs when the units at the exchange bar (hot, not warm) are
         # more than twice what the fast node holds: the units the change brought in on their
         # rates are then a small sample of the new phase's, and as its units warm the fast node
