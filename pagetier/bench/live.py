@@ -507,7 +507,8 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
                                               "failed", "nomem", "busy", "clipped", "deferred")}
             rec["daemon_stats"] = [{k: s.get(k) for k in ("t", "early", "units", "promoted",
                                                           "demoted", "fast_used", "cpu_s", "wall_s",
-                                                          "deferred", "throughput_mb_s",
+                                                          "deferred", "clipped", "limit",
+                                                          "rate_pages", "throughput_mb_s",
                                                           "merge_s", "decide_s", "move_s",
                                                           "profiler_scan_s", "policy", "errors")}
                                    for s in dstats]
