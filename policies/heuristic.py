@@ -79,8 +79,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    than the fast capacity ("oversubscribed") exchanges are throttled the same way, except in
    the interval of a phase change and the ``thrash_window`` intervals after it, while the
    last phase's units cool, and on a read that sees a new hot set in part ("weak", 7.)
-   (throttled there, the exchange that brings a new region in took 3-4 reads in bench live
-   fuller and phases, not 1-2).
+   (throttled there, the exchange that brings a new region in was cut to a quarter of the
+   rate limit, and the region came in over 3-4 reads in bench live fuller and phases).
    In the intervals after a change, when the units at the exchange bar (4.) are more than
    twice the fast capacity, move-backs do not throttle either: the fast node then holds a
    small part of the new phase's units, chosen again as they warm, and what the change
