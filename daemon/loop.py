@@ -41,8 +41,8 @@ decision needs counts to rest on. The next ones come an interval apart, each end
 the first end of one of the profiler's sampling periods (pagetier.ko: a scan and its probes)
 within half a period of when it is due, so that every read carries the newest estimates.
 After an idle read (no unit with an access rate: the targets have not started, or paused) or a
-partial one (its units with a rate under half as many pages as the last full read's: a read
-that missed most units, or the first after the program moved to memory whose units are counted but not yet
+partial one (under half as many such units as the last full read: a read that missed most
+units, or the first after the program moved to memory whose units are counted but not yet
 probed) the next one comes at the first end of a period instead (pagetier.ko: about 0.6 s in
 the test VM at a 500 ms scan period, against 1.1-1.2 s intervals), so a start, a resumption or
 a new hot set is acted on a period after it is seen. A policy may ask for the same after its
@@ -117,8 +117,8 @@ TOTALS = ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_
 # counts against the budget) and those unmapped (absent from it: forgotten; a move that finds
 # a page gone forgets it sooner).
 FULL_READ_EVERY = 16
-# a read whose units with an access rate are under this share of the pages of the last full
-# read's is partial: the next read comes at the profiler's next period end
+# a read with under this share of the units with an access rate of the last full read is
+# partial: the next read comes at the profiler's next period end
 PARTIAL_READ = 0.5
 # early reads in a row at most: a policy's request for one (Decision.read_soon) after an early
 # read is honoured once, so a partial read, then a policy's "not sure yet", are both read again
@@ -181,7 +181,7 @@ class Daemon:
         self._boundary = False  # the policy asked for a decision now
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
         self._reread = False  # the last read was idle or partial: read again at a period's end
-        self._accessed = 0  # pages of the units with an access rate in the last full read
+        self._accessed = 0  # units with an access rate in the last full read (see step)
         self._early_run = 0  # early reads in a row up to the last one
         # the fast node's per-CPU free pages before the daemon's demotions (None: not read yet),
         # the demoted pages that may still wait on those lists, and the pages demoted since the
@@ -311,15 +311,12 @@ class Daemon:
 
     def _read_again(self, st, early: bool) -> bool:
         """Whether the next read should come at the profiler's next period end: this read was
-        idle (no unit with an access rate) or partial (its units with a rate under half as many
-        pages as the last full read's: pagetier.ko's reads miss most units now and then, and the first read after a
+        idle (no unit with an access rate) or partial (under half as many as the last full
+        read: pagetier.ko's reads miss most units now and then, and the first read after a
         program moves to new memory finds its units counted but not yet probed). A re-read that
         is partial again is taken as it is: the program accesses fewer units now."""
         touched = st.touched()
-        # pages, not units: a hundred 4 KiB units touched now and then (the program's
-        # bookkeeping) outnumber forty 2 MiB hot units, and counted as units every other read
-        # of bench live fuller was taken as partial and read again
-        n = int(st.npages[touched][st.rate[touched] > 0].sum(dtype=np.int64)) if len(touched) else 0
+        n = int(np.count_nonzero(st.rate[touched] > 0)) if len(touched) else 0
         partial = not early and n < PARTIAL_READ * self._accessed
         if not partial:
             self._accessed = n

@@ -428,7 +428,7 @@ class Heuristic(Policy):
         self._phase_check = None  # which test ruled out a phase change by rates, in stats
         self._prev_hot_pages = 0
         self._prev_ref = 0.0  # the last reference heat
-        self._prev_accessed = 0  # pages of the units accessed in the last interval
+        self._prev_accessed = 0  # units accessed in the last interval
         self._overlap: deque[float] = deque(maxlen=self.config.history)
         self._since_change = None  # calls since the last phase change, None if none seen
         self._thrash = 0.0  # moving average of the move-back fraction
@@ -486,12 +486,8 @@ class Heuristic(Policy):
             return no("irregular")
         if not len(acc):
             return no("nothing accessed")
-        # far fewer pages accessed than last time: no evidence. Pages, not units: a program's
-        # small units touched now and then (hotcold's once-a-second bookkeeping: a hundred 4 KiB
-        # units, in every other read) outnumber its 2 MiB hot units, and counted as units every
-        # other read of bench live fuller was "few accessed", a phase change in it not acted on
-        if int(npages[acc].sum()) < 0.5 * self._prev_accessed:
-            return no("few accessed")
+        if len(acc) < 0.5 * self._prev_accessed:
+            return no("few accessed")  # far fewer units accessed than last time: no evidence
         if not self._change_possible(akeys, npages[acc], c.phase_jaccard):
             return no("overlap")
         # most of this read's accesses on the last hot set: the same phase, read in part. With
@@ -873,7 +869,7 @@ class Heuristic(Policy):
         self._prev_ref = ref
         if rate is not None:
             acc = np.flatnonzero(known & (rate > 0))
-            self._prev_accessed = int(npages[acc].sum())
+            self._prev_accessed = len(acc)
             self._reads += 1
             if change and last_hot is not None and len(last_hot):  # the sets it left and brought
                 self._changed.append((last_hot, keys, self._reads))

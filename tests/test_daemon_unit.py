@@ -465,32 +465,6 @@ def test_a_partial_read_is_read_again_at_the_next_period_end(tmp_path):
     assert sum(early) == 2 and np.all(gaps[fewer + 1:-1] >= 0.75 - 1e-9), (reads, early)
 
 
-def test_partial_reads_are_told_by_pages_not_units(tmp_path):
-    """Sixteen 2 MiB units hot in every read, and a hundred 4 KiB units (a program's
-    bookkeeping) accessed in every other read: no read is partial, none is read again early.
-    Counted as units, every read without the small ones had under half the units of the last
-    full read (bench live fuller: every other read was read again 0.6 s later)."""
-    big = 0x7f0000000000 + np.arange(16, dtype=np.uint64) * np.uint64(2 << 20)
-    small = 0x7f1000000000 + np.arange(100, dtype=np.uint64) * np.uint64(4096)
-    addr = np.concatenate([big, small])
-    npages = np.r_[np.full(16, 512), np.ones(100)].astype(np.uint16)
-    reads = []
-
-    def source(pid, i):
-        reads.append(i)
-        count = np.r_[np.full(16, 10), np.full(100, 1 if i % 2 == 0 else 0)]
-        return addr, count, 1, npages
-
-    prof = StubProfiler(source=source)
-    prof.period_s = 0.5
-    d, clock = run_for(tmp_path, interval=1.0, duration=8.0, prof=prof)
-    ends = 0.13 + 0.5 * np.arange(30)
-    prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
-    early = record_early(d)
-    assert d.run() == 0
-    assert len(early) >= 5 and not any(early[1:]), early
-
-
 def test_a_policy_can_ask_for_the_next_read_at_the_next_period_end(tmp_path):
     """A decision with ``read_soon`` (the policy cannot judge the read yet) is followed by a
     read at the next period end, and is honoured for two early reads in a row at most: a
