@@ -827,14 +827,15 @@ class Heuristic(Policy):
             self._throttle_until = now + c.thrash_window
         if self._throttle_until is not None:
             reasons.append("move-backs")
-        if change:
-            # in the interval of a phase change an oversubscribed hot set does not cut the
-            # moves either (6.): the last phase's units make it look larger than the fast node,
-            # but they are on their way out (bench live fuller and phases: the exchange cut to
-            # a quarter, and the new region in only 3-4 reads later)
-            throttled_max = max_moves
-        # (a phase change's plan is made again all the same: the throttle's record counts it)
-        if "move-backs" in reasons or (reasons and (change or throttled_max < max_moves)):
+        if change and reasons:
+            # only "oversubscribed" (a change ends the move-back throttle and the freeze), and
+            # in the interval of a phase change it does not cut the moves either (6.): the last
+            # phase's units make the hot set look larger than the fast node, but they are on
+            # their way out (bench live fuller and phases: the exchange cut to a quarter, the
+            # new region in only 3-4 reads later). The throttle's record counts the plan
+            reasons.remove("oversubscribed")
+            self._thrash_kept = 0.5 * self._thrash_kept + 0.5 * (backs / pages if pages else 0.0)
+        elif "move-backs" in reasons or (reasons and throttled_max < max_moves):
             freeze = self._freeze_until is not None
             p, d, promo, pages, backs = plan("move-backs" in reasons, throttled_max, freeze)
             # the move-backs of the plans made under the throttle (a moving average)
@@ -846,8 +847,6 @@ class Heuristic(Policy):
                 p, d, promo, pages, backs = plan(True, throttled_max, True)
         if self._freeze_until is not None:
             reasons.append("frozen")
-        if change and "oversubscribed" in reasons:
-            reasons.remove("oversubscribed")  # it cut nothing
 
         # which limit kept desired units off the fast node
         left = np.setdiff1d(promo, p, assume_unique=True)
