@@ -48,7 +48,13 @@ the test VM at a 500 ms scan period, against 1.1-1.2 s intervals), so a start, a
 a new hot set is acted on a period after it is seen. A policy may ask for the same after its
 decision (``Decision.read_soon``: the default policy does when a read shows accesses moving
 off the hot set but the new set's rates are not estimated yet); two early reads in a row at
-most. An *early* read shares the last interval's rate limit.
+most. A policy that looks between reads (``Policy.looks_between_reads``: the default policy
+does) is shown, at each end of a period for every target before the interval is due, what the
+profiler has counted since the last read, without taking it (``read(reset=False)``); when it
+answers that this is worth a decision now (``Policy.read_now``: the accesses moved off its hot
+set onto a new one), the read comes right then, as an early read flagged ``looked``. With
+pagetier.ko's periods about half an interval long, a phase change that began early in an
+interval is acted on a period sooner. An *early* read shares the last interval's rate limit.
 Between intervals the daemon serves its control socket (daemon/control.py): attach/detach and
 status requests, and applications' annotations (pagetier/annotate.py), which it passes to the
 policy (``Policy.annotate``); every profiler sample it reads goes to ``Policy.observe``. When
@@ -183,6 +189,7 @@ class Daemon:
         self._reread = False  # the last read was idle or partial: read again at a period's end
         self._accessed = 0  # units with an access rate in the last full read (see step)
         self._early_run = 0  # early reads in a row up to the last one
+        self._looked = False  # this read comes early: a look between reads asked for it
         # the fast node's per-CPU free pages before the daemon's demotions (None: not read yet),
         # the demoted pages that may still wait on those lists, and the pages demoted since the
         # last room read (fast_room_pages)
@@ -329,6 +336,7 @@ class Daemon:
         cfg, st = self.cfg, self.state
         merge_s = 0.0
         early = not boundary and self._reread
+        looked, self._looked = self._looked and not boundary, False
         if not boundary:
             st.begin_interval()
             if st.interval % STUCK_RETRY == 0:
@@ -428,6 +436,9 @@ class Daemon:
             # read at the end of the profiler's first period after an idle or partial read,
             # not a whole interval later
             "early": early,
+            # ...because a look at the profiler's counts at a period end between reads found
+            # what the policy wanted read at once (Policy.read_now)
+            "looked": looked,
             "t": round(self.clock.monotonic() - self._t0, 3),
             "targets": len(self.targets),
             "units": len(st),
@@ -561,6 +572,9 @@ class Daemon:
             lo = self.clock.monotonic()
         if deadline is not None:
             lo, hi = min(lo, deadline), min(hi, deadline)
+        if not soon and self._look_until(lo, periods, pids):
+            self._reread = self._looked = True  # read now, as an early read
+            return
         self._wait(lo)
         base = {pid: periods(pid) for pid in pids}
         if None in base.values():  # no periods, or a target gone: read at the due time
@@ -573,6 +587,43 @@ class Daemon:
             if all(periods(pid) != base[pid] for pid in pids):  # None: gone since
                 return
             self._wait(min(hi, now + PERIOD_POLL_S))
+
+    def _look_until(self, until: float, periods, pids: list[int]) -> bool:
+        """Until ``until``, at each end of a profiler period for every target, show the policy
+        what the profiler has counted since the last read, without taking it
+        (``read(reset=False)``), when the policy looks between reads
+        (``Policy.looks_between_reads``). True: it asked for a read now (``Policy.read_now``).
+
+        With pagetier.ko's periods of about half an interval, a read comes every second period
+        end: a phase change seen at the period end between two reads (bench live fuller and
+        phases: the workload's accesses moved to another region) is read and acted on there,
+        not a period later."""
+        if not getattr(self.policy, "looks_between_reads", False):
+            return False
+        base = {pid: periods(pid) for pid in pids}
+        while self.stop_reason is None and self._signal is None:
+            now = self.clock.monotonic()
+            if now >= until or None in base.values() or (
+                    self.child is not None and self.child.poll() is not None):
+                return False
+            ended = {pid: periods(pid) for pid in pids}
+            if all(ended[pid] != base[pid] for pid in pids):  # None: gone since
+                base = ended
+                if None not in ended.values() and self._look(pids):
+                    return True
+            self._wait(min(until, now + PERIOD_POLL_S))
+        return False
+
+    def _look(self, pids: list[int]) -> bool:
+        """One look between reads: the policy's answer on the units accessed since the last
+        read (False when a target cannot be read: the read proper deals with that)."""
+        samples = {}
+        for pid in pids:
+            try:
+                samples[pid] = self.profiler.read(pid, reset=False, accessed_only=True)
+            except (PagetierError, OSError):
+                return False
+        return bool(self.policy.read_now(self.state, samples))
 
     # ------------------------------------------------------------------ control socket
     def open_control(self) -> None:

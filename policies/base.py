@@ -145,6 +145,18 @@ class Policy(ABC):
     def observe(self, pid: int, sample) -> None:
         """A profiler sample of ``pid`` (counts since the previous one) the daemon just read."""
 
+    # Looks between reads. A daemon whose profiler ends sampling periods between its reads
+    # (pagetier.ko: a read every two or three scans) shows the policy what has been counted so
+    # far at each such period end, without taking it (``read(reset=False)``)
+    looks_between_reads = False  # False: the daemon does not look
+
+    def read_now(self, state, samples: dict) -> bool:
+        """``samples`` (pid -> Sample: the units accessed since the last read, not taken)
+        show something to decide on before the interval is due (e.g. the accesses moved to
+        new memory): True makes the daemon read now. Called only when
+        ``looks_between_reads``."""
+        return False
+
     def take_over(self, old: "Policy") -> None:
         """Carry over what ``old`` learned from the applications, when this policy replaces it
         on a configuration reload (SIGHUP with new options). Nothing by default."""

@@ -117,7 +117,12 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    ("weak") asks for the next read at the profiler's next period end
    (``Decision.read_soon``): the first read after the program moves to new memory finds some
    of its units not yet probed, and waiting a whole interval to see the rest cost bench live
-   fuller an interval per phase.
+   fuller an interval per phase. Between reads, at the profiler's period ends, the daemon shows
+   the policy what has been counted so far (``read_now``): when most of those rates are off the
+   last hot set, in a history where a read's rates may show a change (as above), on a new set
+   about as hot and as large as the last one, the policy asks for the read at once
+   (``look_between_reads``): with reads every second period end, a change that began in the
+   first period of an interval is acted on a period sooner.
 
 Stats (``Decision.stats``, shown under "policy" in the daemon's JSON lines) include the
 pattern, ``limit`` (what kept hot units off the fast node: "budget", "node", "rate", or None:
@@ -373,6 +378,7 @@ class Heuristic(Policy):
         phase_jaccard: float = 0.3  # overlap below it after a regular run: a phase change...
         phase_mass: float = 0.5  # ...with under this share of the read's accesses on the last set
         held_reads: int = 2  # after an irregular run: reads since the last change on its set (7.)
+        look_between_reads: bool = True  # a phase change read at the period end that shows it (7.)
 
         def check(self):
             def bad(key, why):
@@ -442,6 +448,10 @@ class Heuristic(Policy):
         self._held = 0  # reads in a row since the last change on the last hot set
         self._young_at = None  # the read of the last young read (see decide)
 
+    @property
+    def looks_between_reads(self) -> bool:
+        return self.config.look_between_reads
+
     def _hot_order(self, score, cand, fast, rest: float = 0.0):
         """(units of ``cand`` above the noise floor, hottest first with ties to fast residents;
         reference heat; floor). ``rest``: the summed score of units left out of ``cand`` (all
@@ -478,11 +488,7 @@ class Heuristic(Policy):
             return False
         acc = np.flatnonzero(known & (rate > 0))
         akeys = keys_of(acc)
-        if float(np.mean(self._overlap)) < c.regular_jaccard and (
-                not self._changed or self._held < c.held_reads
-                or self._back(akeys, rate[acc])):
-            # an irregular run, and no phase change before it, or the hot set since the last
-            # one has not held, or this read goes back to a set of the last two (see 7.)
+        if self._irregular(akeys, rate[acc]):
             return no("irregular")
         if not len(acc):
             return no("nothing accessed")
@@ -494,8 +500,7 @@ class Heuristic(Policy):
         # noise on every huge unit a read that probed few of the hot units ranks noise units
         # on top, and acting on it as a phase change traded noise units for noise units
         # (bench live noise1000: 1-5k pages a time, half the MB moved)
-        r = rate[acc]
-        if float(r[_member_sorted(akeys, prev)].sum()) >= c.phase_mass * float(r.sum()):
+        if self._mostly_on(akeys, rate[acc], prev):
             return no("mass")
         order, now_ref, _ = self._hot_order(rate / (1.0 - decay), acc, fast)
         now_set = fill_budget(order, npages, cap)
@@ -506,20 +511,59 @@ class Heuristic(Policy):
             return no("overlap")
         return True
 
+    def _irregular(self, akeys: np.ndarray, arate: np.ndarray) -> bool:
+        """Whether the history rules out a phase change by a read's rates (accessed units' keys
+        and rates): an irregular run, and no phase change before it, or the hot set since the
+        last one has not held, or the read goes back to a set of the last two (see 7.)."""
+        c = self.config
+        return float(np.mean(self._overlap)) < c.regular_jaccard and (
+            not self._changed or self._held < c.held_reads or self._back(akeys, arate))
+
+    def _mostly_on(self, akeys: np.ndarray, arate: np.ndarray, keys: np.ndarray) -> bool:
+        """Whether ``phase_mass`` of the rates ``arate`` (of units ``akeys``) is on the units
+        ``keys`` (sorted)."""
+        on = float(arate[_member_sorted(akeys, keys)].sum())
+        return on >= self.config.phase_mass * float(arate.sum())
+
+    def read_now(self, state, samples: dict) -> bool:
+        """A look between reads (7.): True when the units estimated since the last read have
+        most of their rates off the last hot set, in a history where a read's rates may show
+        a phase change, and are about as many as the last read's (not a period that missed
+        most of them). The read then comes at once, a profiler period or two before the
+        interval is due, and its decision judges the change as any other read's."""
+        prev = self._prev_hot
+        if prev is None or not len(prev) or not self._overlap:
+            return False
+        keys, rates, sizes = [], [], []
+        for pid, s in samples.items():
+            if pid not in state.pids or len(s.freq) != len(s.addr):
+                continue  # a target not read yet, or counts without an estimate
+            on = s.freq > 0
+            keys.append(core_state.unit_keys(state.pids.index(pid), s.addr[on]))
+            rates.append(s.freq[on].astype(np.float64))
+            sizes.append(s.npages[on].astype(np.int64))
+        akeys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+        if not len(akeys) or len(akeys) < 0.5 * self._prev_accessed:
+            return False
+        arate = np.concatenate(rates)
+        if self._irregular(akeys, arate) or self._mostly_on(akeys, arate, prev):
+            return False
+        # a new hot set about as hot and as large as the last one, not noise or a few units
+        decay = float(getattr(state, "decay", 0.5))
+        order, ref, _ = self._hot_order(arate / (1.0 - decay), np.arange(len(arate)),
+                                        np.zeros(len(arate), bool))
+        pages = min(int(np.concatenate(sizes)[order].sum()), self._prev_hot_pages)
+        return self._like_last(ref, pages)
+
     def _back(self, akeys: np.ndarray, arate: np.ndarray) -> bool:
         """Whether a read (accessed units' keys and rates) goes back to a hot set one of the
         last two phase changes left or brought, within ``thrash_window + 2`` reads of it: most
         of its accesses on it (a ping-pong; a program going through phases comes back to a
         set later, if ever)."""
-        c = self.config
-        total = float(arate.sum())
-        for left, brought, at in self._changed:
-            if self._reads - at >= c.thrash_window + 2:
-                continue
-            for keys in (left, brought):
-                if float(arate[_member_sorted(akeys, keys)].sum()) >= c.phase_mass * total:
-                    return True
-        return False
+        return any(self._mostly_on(akeys, arate, keys)
+                   for left, brought, at in self._changed
+                   if self._reads - at < self.config.thrash_window + 2
+                   for keys in (left, brought))
 
     def _like_last(self, ref: float, pages: int) -> bool:
         """Whether a hot set of reference heat ``ref`` and ``pages`` pages is at least half as
@@ -948,3 +992,4 @@ class Heuristic(Policy):
         if float(np.mean(hist)) >= c.regular_jaccard:
             return "stable", j, False
         return "irregular", j, False
+

@@ -422,6 +422,60 @@ def test_an_idle_read_is_followed_by_one_at_the_next_period_end(tmp_path):
     assert not any(early[first + 1:])
 
 
+@pytest.mark.parametrize("looks", [False, True])
+def test_a_look_between_reads_brings_the_read_forward(tmp_path, looks):
+    """A policy that looks between reads (Policy.looks_between_reads) is shown, at each period
+    end between two reads, what the profiler has counted, without taking it (read with
+    reset=False); when it answers True (Policy.read_now) the read comes right then, early
+    (sharing the interval's rate limit) and flagged ``looked``, and the intervals go on from
+    it. A policy that does not look is never shown anything, and its reads stay an interval
+    apart."""
+    prof = StubProfiler(units=256, hot=16)
+    prof.period_s = 0.5
+    d, clock = run_for(tmp_path, interval=1.0, duration=6.0, prof=prof)
+    ends = 0.13 + 0.5 * np.arange(20)
+    prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
+    shown, resets = [], []
+    read = prof.read
+
+    def spy(pid, reset=True, accessed_only=False):
+        resets.append(reset)
+        return read(pid, reset=reset, accessed_only=accessed_only)
+
+    prof.read = spy
+    d.policy.looks_between_reads = looks
+
+    def read_now(state, samples):
+        t = clock.monotonic() - d._t0
+        shown.append((t, sorted(samples)))
+        return len(shown) == 3  # the third look asks for a read
+
+    d.policy.read_now = read_now
+    steps = []
+    orig = d.step
+
+    def step(boundary=False):
+        s = orig(boundary)
+        steps.append((round(s["t"], 2), s["early"], s["looked"]))
+        return s
+
+    d.step = step
+    assert d.run() == 0
+    if not looks:
+        assert not shown and all(resets), resets
+        assert not any(e or lk for _, e, lk in steps) and len(steps) >= 5, steps
+        return
+    # looks at the period ends between reads, each on the target, none taken
+    assert len(shown) >= 4 and all(pids == [4242] for _, pids in shown), shown
+    assert resets.count(False) == len(shown)
+    assert all(np.isclose(ends, t, atol=0.021).any() for t, _ in shown), shown
+    looked = [k for k, (_, _, lk) in enumerate(steps) if lk]
+    assert len(looked) == 1, steps
+    t, early, _ = steps[looked[0]]
+    assert early and t == pytest.approx(shown[2][0], abs=0.021), (steps, shown)
+    assert steps[looked[0] + 1][0] - t >= 0.75, steps  # an interval on from it
+
+
 def record_early(d) -> list[bool]:
     """Wrap ``d.step``: the returned list gets each step's ``early`` flag."""
     early, orig = [], d.step

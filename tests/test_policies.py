@@ -1072,3 +1072,46 @@ def test_heuristic_small_units_do_not_lower_the_exchange_bar_of_huge_ones():
     st = make_state(heat=heat[:128], node=node[:128], npages=npages[:128])
     d = create("heuristic").decide(st, Context(fast_budget=45 * huge, max_moves=1 << 20))
     assert len(d.promote) == 0 and len(d.demote) == 0
+
+
+def test_heuristic_a_look_between_reads_asks_for_a_read_when_the_accesses_moved():
+    """Policy.read_now, shown what the profiler counted since the last read: True when most of
+    the rates are off the last hot set on a new set about as hot and as large; False when
+    they are on it, when few units were estimated, and for noise alone (a period that missed
+    the hot units). It changes nothing: the next read decides as before."""
+    n = 64
+
+    def stable(i):
+        r = np.full(n, 2.0)
+        r[:16] = 1000.0
+        return r
+
+    pol = create("heuristic")
+    st, log = run_intervals(pol, stable, npages=1, budget=20, intervals=10, capacity=lambda s: 20)
+    assert pol.looks_between_reads
+    addr = (np.arange(n, dtype=np.uint64) * np.uint64(4096)) + np.uint64(1 << 30)
+
+    def look(r):
+        r = np.asarray(r, np.float32)
+        s = Sample(pid=1000, addr=addr, count=(r > 0).astype(np.uint32), node=st.node.copy(),
+                   npages=np.ones(n, np.uint16), freq=r)
+        return pol.read_now(st, {1000: s})
+
+    moved = np.full(n, 2.0)
+    moved[16:32] = 1000.0
+    few = np.zeros(n)
+    few[16:20] = 1000.0
+    noise = np.full(n, 2.0)
+    noise[:16] = 0.0
+    assert look(moved)
+    assert not look(stable(10)) and not look(few) and not look(noise)
+    assert not look(moved[::-1] * 0)  # nothing accessed
+    assert not create("heuristic", {"look_between_reads": False}).looks_between_reads
+    # the looks left the policy as it was: the next read of the same hot set moves nothing
+    st.begin_interval()
+    st.update(Sample(pid=1000, addr=addr, count=np.ones(n, np.uint32), node=st.node.copy(),
+                     npages=np.ones(n, np.uint16), freq=np.asarray(stable(10), np.float32)),
+              trust_moves=2)
+    d = pol.decide(st, Context(fast_budget=20, max_moves=1 << 40, interval=st.interval,
+                               fast_capacity=20))
+    assert not len(d.promote) and not len(d.demote) and not d.stats["phase_change"]

@@ -505,13 +505,10 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
             rec["daemon_totals"] = {k: sum(s.get(k, 0) for s in dstats)
                                     for k in ("promoted", "demoted", "bytes_moved", "ping_pongs",
                                               "failed", "nomem", "busy", "clipped", "deferred")}
-            rec["daemon_stats"] = [{k: s.get(k) for k in ("t", "early", "units", "promoted",
-                                                          "demoted", "fast_used", "cpu_s", "wall_s",
-                                                          "deferred", "clipped", "limit",
-                                                          "rate_pages", "throughput_mb_s",
-                                                          "merge_s", "decide_s", "move_s",
-                                                          "profiler_scan_s", "policy", "errors")}
-                                   for s in dstats]
+            keys = ("t", "early", "looked", "units", "promoted", "demoted", "fast_used", "cpu_s",
+                    "wall_s", "deferred", "clipped", "limit", "rate_pages", "throughput_mb_s",
+                    "merge_s", "decide_s", "move_s", "profiler_scan_s", "policy", "errors")
+            rec["daemon_stats"] = [{k: s.get(k) for k in keys} for s in dstats]
         if isinstance(manager, kernel_tiering.DamosTiering):
             rec["damos_applied_bytes"] = manager.applied_bytes()
         rec["notes"] = _notes(name)
