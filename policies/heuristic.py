@@ -101,8 +101,11 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    one and traded 1-5k pages of noise for noise each time, half of all it moved). On that
    read ``sustained_fill`` (4.) holds the new phase's warm units back as well: they come an
    interval later, on their heat; units at the exchange bar move at once. A read
-   that finds under half as many units accessed as the last one (a read that missed most of
-   the program's accesses) is not taken as a phase change, nor is a new hot set by decayed
+   that finds under half as many pages accessed (in units with a rate) as the last one (a read
+   that missed most of the program's accesses) is not taken as a phase change; counted in
+   units, with THP, the hundred-odd 4 KiB units a program touches now and then next to its
+   forty 2 MiB hot units made every other read in bench live fuller look like one that missed
+   most of them, and a phase change seen there waited a period. Nor is a new hot set by decayed
    heat that is under half as hot (reference heat) or as large as the last one: a few
    lukewarm units left on top after missed reads, not a new phase. After an earlier phase
    change the run need not be regular: while the last phase's units cool and the new ones
@@ -434,7 +437,7 @@ class Heuristic(Policy):
         self._phase_check = None  # which test ruled out a phase change by rates, in stats
         self._prev_hot_pages = 0
         self._prev_ref = 0.0  # the last reference heat
-        self._prev_accessed = 0  # units accessed in the last interval
+        self._prev_accessed = 0  # pages of the units with a rate in the last read
         self._overlap: deque[float] = deque(maxlen=self.config.history)
         self._since_change = None  # calls since the last phase change, None if none seen
         self._thrash = 0.0  # moving average of the move-back fraction
@@ -492,8 +495,8 @@ class Heuristic(Policy):
             return no("irregular")
         if not len(acc):
             return no("nothing accessed")
-        if len(acc) < 0.5 * self._prev_accessed:
-            return no("few accessed")  # far fewer units accessed than last time: no evidence
+        if int(npages[acc].sum()) < 0.5 * self._prev_accessed:
+            return no("few accessed")  # far fewer pages accessed than last time: no evidence
         if not self._change_possible(akeys, npages[acc], c.phase_jaccard):
             return no("overlap")
         # most of this read's accesses on the last hot set: the same phase, read in part. With
@@ -543,7 +546,8 @@ class Heuristic(Policy):
             rates.append(s.freq[on].astype(np.float64))
             sizes.append(s.npages[on].astype(np.int64))
         akeys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-        if not len(akeys) or len(akeys) < 0.5 * self._prev_accessed:
+        apages = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+        if not len(akeys) or int(apages.sum()) < 0.5 * self._prev_accessed:
             return False
         arate = np.concatenate(rates)
         if self._irregular(akeys, arate) or self._mostly_on(akeys, arate, prev):
@@ -552,7 +556,7 @@ class Heuristic(Policy):
         decay = float(getattr(state, "decay", 0.5))
         order, ref, _ = self._hot_order(arate / (1.0 - decay), np.arange(len(arate)),
                                         np.zeros(len(arate), bool))
-        pages = min(int(np.concatenate(sizes)[order].sum()), self._prev_hot_pages)
+        pages = min(int(apages[order].sum()), self._prev_hot_pages)
         return self._like_last(ref, pages)
 
     def _back(self, akeys: np.ndarray, arate: np.ndarray) -> bool:
@@ -912,7 +916,7 @@ class Heuristic(Policy):
         self._prev_ref = ref
         if rate is not None:
             acc = np.flatnonzero(known & (rate > 0))
-            self._prev_accessed = len(acc)
+            self._prev_accessed = int(npages[acc].sum())
             self._reads += 1
             if change and last_hot is not None and len(last_hot):  # the sets it left and brought
                 self._changed.append((last_hot, keys, self._reads))
@@ -992,4 +996,5 @@ class Heuristic(Policy):
         if float(np.mean(hist)) >= c.regular_jaccard:
             return "stable", j, False
         return "irregular", j, False
+
 

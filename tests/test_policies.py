@@ -543,7 +543,8 @@ def run_intervals(pol, rates, *, npages=512, budget, intervals, capacity=None, m
     Returns (state, per-interval records: moved pages, ping-pong pages, decision stats)."""
     st = PageState()
     n = len(rates(0))
-    addr = (np.arange(n, dtype=np.uint64) * np.uint64(npages * 4096)) + np.uint64(1 << 30)
+    sizes = np.broadcast_to(np.asarray(npages, np.int64), (n,))  # one size, or one per unit
+    addr = (np.r_[0, np.cumsum(sizes)[:-1]] * 4096 + (1 << 30)).astype(np.uint64)
     node = np.full(n, start_node, np.int16)
     node[np.asarray(start_fast, np.int64)] = FAST
     log = []
@@ -551,7 +552,7 @@ def run_intervals(pol, rates, *, npages=512, budget, intervals, capacity=None, m
         st.begin_interval()
         r = np.asarray(rates(i), np.float32)
         s = Sample(pid=1000, addr=addr, count=(r > 0).astype(np.uint32), node=node.copy(),
-                   npages=np.full(n, npages, np.uint16), freq=r)
+                   npages=sizes.astype(np.uint16), freq=r)
         st.update(s, trust_moves=2)
         ctx = Context(fast_budget=budget, max_moves=max_moves, interval=st.interval,
                       fast_capacity=None if capacity is None else capacity(st))
@@ -1115,3 +1116,27 @@ def test_heuristic_a_look_between_reads_asks_for_a_read_when_the_accesses_moved(
     d = pol.decide(st, Context(fast_budget=20, max_moves=1 << 40, interval=st.interval,
                                fast_capacity=20))
     assert not len(d.promote) and not len(d.demote) and not d.stats["phase_change"]
+
+
+def test_heuristic_a_read_without_the_small_units_of_the_last_is_no_read_that_missed_most():
+    """With THP a program's hot set is a few 2 MiB units, and the 4 KiB units it touches now
+    and then come in every other read (bench live fuller: forty huge hot units in every read, a
+    hundred 4 KiB ones in every other). "Few accessed" (a read that missed most of the
+    program's accesses is no evidence of a phase change) counts pages, not units: a read
+    without the small units, in which the hot set moved to other huge units, is acted on."""
+    n_huge, n_small = 16, 64
+    sizes = np.r_[np.full(n_huge, 512), np.ones(n_small, np.int64)]
+
+    def rates(i):
+        r = np.zeros(n_huge + n_small)
+        r[:8] = 1000.0 if i < 11 else 0.0
+        r[8:16] = 1000.0 if i >= 11 else 0.0
+        r[n_huge:] = 2.0 if i % 2 == 0 else 0.0  # bookkeeping, every other read
+        return r
+
+    st, log = run_intervals(create("heuristic"), rates, npages=sizes, budget=4200,
+                            intervals=12, capacity=lambda s: 4200)
+    stats = log[11][2]
+    assert stats["phase_change"] and stats["ranked_by"] == "rate", stats
+    # the fast capacity holds 7 of the 8 huge units below the low watermark
+    assert (st.node[8:16] == FAST).sum() == 7, st.node[:16]
