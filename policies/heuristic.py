@@ -529,11 +529,12 @@ class Heuristic(Policy):
         return on >= self.config.phase_mass * float(arate.sum())
 
     def read_now(self, state, samples: dict) -> bool:
-        """A look between reads (7.): True when the units estimated since the last read have
-        most of their rates off the last hot set, in a history where a read's rates may show
-        a phase change, and are about as many as the last read's (not a period that missed
-        most of them). The read then comes at once, a profiler period or two before the
-        interval is due, and its decision judges the change as any other read's."""
+        """A look between reads (7.): True when the units estimated since the last read hold
+        at least half as many pages as the last read's (not a period that missed most of
+        them), have most of their rates off the last hot set, in a history where a read's rates
+        may show a phase change, and rank a new set about as hot and as large as the last one
+        (not noise, nor a few units). The read then comes at once, a profiler period before
+        the interval is due, and its decision judges the change as any other read's."""
         prev = self._prev_hot
         if prev is None or not len(prev) or not self._overlap:
             return False
