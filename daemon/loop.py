@@ -580,13 +580,22 @@ class Daemon:
         if None in base.values():  # no periods, or a target gone: read at the due time
             self._wait(min(until, hi))
             return
+        next(self._period_ends(hi, periods, pids, base), None)  # the first, or hi
+
+    def _period_ends(self, until: float, periods, pids: list[int], base: dict):
+        """Yield (each target's period count) at each end of a profiler period for every
+        target since ``base`` (the counts at the start; a target gone counts as ended), until
+        ``until``, the daemon stopping or the child exiting."""
         while self.stop_reason is None and self._signal is None:
             now = self.clock.monotonic()
-            if now >= hi or (self.child is not None and self.child.poll() is not None):
+            if now >= until or (self.child is not None and self.child.poll() is not None):
                 return
-            if all(periods(pid) != base[pid] for pid in pids):  # None: gone since
-                return
-            self._wait(min(hi, now + PERIOD_POLL_S))
+            ended = {pid: periods(pid) for pid in pids}
+            if all(ended[pid] != base[pid] for pid in pids):  # None: gone since
+                yield ended
+                base = ended
+            else:
+                self._wait(min(until, now + PERIOD_POLL_S))
 
     def _look_until(self, until: float, periods, pids: list[int]) -> bool:
         """Until ``until``, at each end of a profiler period for every target, show the policy
@@ -601,18 +610,10 @@ class Daemon:
         if not getattr(self.policy, "looks_between_reads", False):
             return False
         base = {pid: periods(pid) for pid in pids}
-        while self.stop_reason is None and self._signal is None:
-            now = self.clock.monotonic()
-            if now >= until or None in base.values() or (
-                    self.child is not None and self.child.poll() is not None):
-                return False
-            ended = {pid: periods(pid) for pid in pids}
-            if all(ended[pid] != base[pid] for pid in pids):  # None: gone since
-                base = ended
-                if None not in ended.values() and self._look(pids):
-                    return True
-            self._wait(min(until, now + PERIOD_POLL_S))
-        return False
+        if None in base.values():
+            return False
+        return any(None not in ended.values() and self._look(pids)
+                   for ended in self._period_ends(until, periods, pids, base))
 
     def _look(self, pids: list[int]) -> bool:
         """One look between reads: the policy's answer on the units accessed since the last

@@ -333,6 +333,16 @@ def run_for(tmp_path, *, interval: float, duration: float, prof):
     return d, clock
 
 
+def run_with_periods(tmp_path, prof, *, duration: float, stalled: bool = False):
+    """run_for at a 1 s interval with a profiler whose 500 ms periods end at ``ends`` (times
+    after the start; none ever ends when ``stalled``). Returns (daemon, clock, ends)."""
+    prof.period_s = 0.5
+    d, clock = run_for(tmp_path, interval=1.0, duration=duration, prof=prof)
+    ends = 0.13 + 0.5 * np.arange(int(duration / 0.5) + 10)
+    prof.periods = lambda pid: 0 if stalled else int((ends <= clock.monotonic() - d._t0).sum())
+    return d, clock, ends
+
+
 def test_first_interval_after_one_interval_of_counts(tmp_path):
     """The first decision comes one interval after the start, not on a read made right after
     attach (no counts yet); the status file exists from the start."""
@@ -357,10 +367,7 @@ def test_reads_follow_the_profilers_periods(tmp_path, stalled):
     scans), each interval after the first ends just after a period ends, within half a period
     of when it was due; when no period ends (a stalled profiler), half a period late."""
     prof = StubProfiler(units=256, hot=16)
-    prof.period_s = 0.5
-    d, clock = run_for(tmp_path, interval=1.0, duration=6.0, prof=prof)
-    ends = 0.13 + 0.5 * np.arange(20)  # the periods end at these times after the start
-    prof.periods = lambda pid: 0 if stalled else int((ends <= clock.monotonic() - d._t0).sum())
+    d, clock, ends = run_with_periods(tmp_path, prof, duration=6.0, stalled=stalled)
     steps = []
     orig = d.step
 
@@ -393,10 +400,7 @@ def test_an_idle_read_is_followed_by_one_at_the_next_period_end(tmp_path):
         return addr, np.where(np.arange(256) < 16, 10 if busy else 0, 0), 1, 1
 
     prof = StubProfiler(source=source)
-    prof.period_s = 0.5
-    d, clock = run_for(tmp_path, interval=1.0, duration=7.0, prof=prof)
-    ends = 0.13 + 0.5 * np.arange(20)
-    prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
+    d, clock, ends = run_with_periods(tmp_path, prof, duration=7.0)
     steps, early = [], []
     orig = d.step
 
@@ -431,10 +435,7 @@ def test_a_look_between_reads_brings_the_read_forward(tmp_path, looks):
     it. A policy that does not look is never shown anything, and its reads stay an interval
     apart."""
     prof = StubProfiler(units=256, hot=16)
-    prof.period_s = 0.5
-    d, clock = run_for(tmp_path, interval=1.0, duration=6.0, prof=prof)
-    ends = 0.13 + 0.5 * np.arange(20)
-    prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
+    d, clock, ends = run_with_periods(tmp_path, prof, duration=6.0)
     shown, resets = [], []
     read = prof.read
 
@@ -505,10 +506,7 @@ def test_a_partial_read_is_read_again_at_the_next_period_end(tmp_path):
         return addr, np.where(np.arange(256) < n, 10, 0), 1, 1
 
     prof = StubProfiler(source=source)
-    prof.period_s = 0.5
-    d, clock = run_for(tmp_path, interval=1.0, duration=9.0, prof=prof)
-    ends = 0.13 + 0.5 * np.arange(30)
-    prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
+    d, clock, ends = run_with_periods(tmp_path, prof, duration=9.0)
     early = record_early(d)
     assert d.run() == 0
     gaps = np.diff(reads)
@@ -525,10 +523,7 @@ def test_a_policy_can_ask_for_the_next_read_at_the_next_period_end(tmp_path):
     policy that asks every time gets every third read an interval after the last."""
     addr = 0x7f0000000000 + np.arange(256, dtype=np.uint64) * np.uint64(4096)
     prof = StubProfiler(source=lambda pid, i: (addr, np.where(np.arange(256) < 64, 10, 0), 1, 1))
-    prof.period_s = 0.5
-    d, clock = run_for(tmp_path, interval=1.0, duration=9.0, prof=prof)
-    ends = 0.13 + 0.5 * np.arange(30)
-    prof.periods = lambda pid: int((ends <= clock.monotonic() - d._t0).sum())
+    d, clock, ends = run_with_periods(tmp_path, prof, duration=9.0)
     decide = d.policy.decide
     reads = []
 
