@@ -187,6 +187,27 @@ def test_cli_overrides_file(tmp_path):
         config_mod.load(p, {"rate": "fast"})
 
 
+def test_kmod_scan_period_defaults_to_a_quarter_of_the_interval(tmp_path):
+    """Without a scan_period_ms of their own, kmod's options get a quarter of the interval,
+    within the module's bounds; a configured one (0 too: the module's own default) is kept,
+    and other profilers get their options as configured."""
+    from pagetier import uapi
+    from pagetier.daemon.loop import profiler_options
+
+    def opts(interval, **profiler_opts):
+        cfg = config_mod.load(None, {"interval": interval, "profiler_options": profiler_opts})
+        return profiler_options(cfg)
+
+    assert opts(1.0) == {"scan_period_ms": 250}
+    assert opts(2.0, mode="abit") == {"mode": "abit", "scan_period_ms": 500}
+    assert opts(0.01)["scan_period_ms"] == uapi.SCAN_PERIOD_MIN_MS
+    assert opts(600.0)["scan_period_ms"] == uapi.SCAN_PERIOD_MAX_MS
+    assert opts(1.0, scan_period_ms=100) == {"scan_period_ms": 100}
+    assert opts(1.0, scan_period_ms=0) == {"scan_period_ms": 0}
+    cfg = config_mod.load(None, {"profiler": "stub", "profiler_options": {}})
+    assert profiler_options(cfg) == {}
+
+
 def test_missing_node(tmp_path):
     root = tmp_path / "node"
     (root / "node0").mkdir(parents=True)

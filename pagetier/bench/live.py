@@ -88,7 +88,7 @@ class Spec:
     thp: bool = True
     cold_rate: int = 0
     mode: str = "fault"
-    scan_period_ms: int = 500
+    scan_period_ms: int | None = None  # None: the daemon's default (a quarter of interval_s)
     interval_s: float = 1.0  # the daemon's --interval in pagetier's runs
 
     def check(self) -> None:
@@ -364,7 +364,8 @@ def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
 
     overrides = {"policy": policy, "fast_budget": f"{spec.budget_mb}M", "interval": spec.interval_s,
                  "json": True, "profiler": "kmod",
-                 "profiler_options": {"mode": spec.mode, "scan_period_ms": spec.scan_period_ms}}
+                 "profiler_options": {"mode": spec.mode, **({} if spec.scan_period_ms is None else
+                                                              {"scan_period_ms": spec.scan_period_ms})}}
     cfg = config_mod.load(None, overrides)  # errors here, in the parent
     config_mod.check_nodes(cfg)
     r, w = os.pipe()

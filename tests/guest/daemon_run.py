@@ -68,11 +68,17 @@ class DaemonRun:
             time.sleep(0.2)
 
     def diagnosis(self) -> str:
-        """What a stalled run looks like: its last stats line, and where the daemon and its
-        children wait in the kernel."""
+        """What a stalled run looks like: its last stats line, the per-page move errors of the
+        whole run, where the daemon and its children wait in the kernel, the children's large
+        mappings (numa_maps: which node holds their pages) and the module's targets."""
         last = self.stats[-1] if self.stats else None
+        errors: dict[str, int] = {}
+        for s in list(self.stats):
+            for k, v in (s.get("errors") or {}).items():
+                errors[k] = errors.get(k, 0) + v
         waits = []
-        for pid in [self.proc.pid, *_children(self.proc.pid)]:
+        children = _children(self.proc.pid)
+        for pid in [self.proc.pid, *children]:
             try:
                 stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
                 wchan = Path(f"/proc/{pid}/wchan").read_text()
@@ -80,7 +86,14 @@ class DaemonRun:
             except OSError:
                 continue
             waits.append(f"pid {pid} state {stat} wchan {wchan} stack {stack}")
-        return f"last stats: {last}; " + "; ".join(waits)
+        for pid in children:
+            waits.append(f"pid {pid} numa_maps (mappings of 1 MiB or more): {_large_mappings(pid)}")
+        try:
+            targets = Path("/sys/kernel/pagetier/targets").read_text().strip().replace("\n", " | ")
+        except OSError as e:
+            targets = f"unreadable ({e.strerror})"
+        return (f"last stats: {last}; move errors of the run: {errors}; " + "; ".join(waits)
+                + f"; module targets: {targets}")
 
     def status(self) -> dict | None:
         """This daemon's status file (None before the first interval or after it ends)."""
@@ -112,6 +125,22 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def _large_mappings(pid: int) -> str:
+    """The numa_maps lines of ``pid``'s mappings of at least 1 MiB (their start address, policy
+    and per-node page counts), " | "-joined; why not, when they cannot be read."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        numa = Path(f"/proc/{pid}/numa_maps").read_text().splitlines()
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    large = set()
+    for line in maps:
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if hi - lo >= 1 << 20:
+            large.add(lo)
+    return " | ".join(n for n in numa if int(n.split()[0], 16) in large) or "none"
 
 
 def rss_kib(pid: int) -> int:
