@@ -450,6 +450,7 @@ class Heuristic(Policy):
         self._reads = 0  # reads with rates so far
         self._held = 0  # reads in a row since the last change on the last hot set
         self._young_at = None  # the read of the last young read (see decide)
+        self._chosen: np.ndarray | None = None  # sorted keys of the last decision's promotions
 
     @property
     def looks_between_reads(self) -> bool:
@@ -785,6 +786,14 @@ class Heuristic(Policy):
                     np.minimum(fs, fnow) >= fbar)
             if young:
                 self._young_at = self._reads
+        # a unit the last decision promoted and still off the fast node (the daemon's move
+        # deadline deferred it, or a limit clipped it) fills free room on that decision's
+        # evidence: the read after a long move finds the program slowed and the next one the
+        # unit's estimate risen again, and the two-read tests held the last 8 MB of a clean
+        # hot set back two reads after its first move deferred them (bench live noise0: 88%
+        # from the second to the fourth second)
+        if self._chosen is not None and len(self._chosen) and len(fc):
+            fill_ok[fc] |= _member_sorted(keys_of(fc), self._chosen)
 
         # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
         # for a few intervals after a phase change the last phase's units are still warm: they
@@ -939,6 +948,7 @@ class Heuristic(Policy):
 
         promoted = int(npages[p].sum())
         demoted = int(npages[d].sum())
+        self._chosen = np.sort(keys_of(p)) if len(p) else None
         stats = {
             "pattern": pattern,
             "phase_change": change,
