@@ -46,8 +46,12 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    rate as well: pagetier.ko's first estimates tell a hot unit from noise by a factor of 3-4
    only (hot units at 450-1,150, a fifth of the noise units at 125-130, above the bar), and in
    the next read, which the first promotions slow down and which finds little, a unit's heat
-   is still mostly that first estimate. Demotions come first in the plan and the daemon moves
-   them first, so the promotions find the room freed.
+   is still mostly that first estimate. A unit the last decision promoted that is still off
+   the fast node (the daemon deferred it at its move deadline, or a limit clipped it) fills
+   free room on that decision's evidence: the read after a long move finds the program slowed
+   and the next one the unit's estimate risen again, and the two-read tests held the last 8 MB
+   of a clean hot set back two reads (bench live noise0). Demotions come first in the plan and
+   the daemon moves them first, so the promotions find the room freed.
    The node limit never makes the policy demote by itself (the daemon does not give memory to
    other tenants); fast-node use above ``high_watermark * fast_budget`` is demoted down to
    ``low_watermark``, and in that interval warm units (under the exchange bar) are not
