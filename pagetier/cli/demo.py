@@ -25,7 +25,7 @@ def guest_demo(seconds: int, budget: str, mode: str) -> int:
     click.echo(f"pagetier.ko {(kmod.SYSFS / 'version').read_text().strip()} loaded; "
                f"profiling mode {mode}")
     cmd = ["pagetier", "run", "--fast-budget", budget, "--interval", "1", "--json",
-           "--profiler-option", f"mode={mode}", "--profiler-option", "scan_period_ms=500",
+           "--profiler-option", f"mode={mode}",
            "--", "pagetier", "workload", "--size", "256", "--hot", "64", "--hot-offset", "96",
            "--start-node", "1", "--duration", str(seconds)]
     click.echo("$ " + shlex.join(cmd))
