@@ -284,3 +284,28 @@ def test_repeated_runs_give_medians_and_each_run_is_listed(tmp_path):
 def test_repeat_must_be_a_positive_count():
     res = CliRunner().invoke(bench_live, ["--repeat", "0", "--scenarios", "noise0"])
     assert res.exit_code == 2 and "--repeat" in res.output and "0" in res.output
+
+
+def test_the_daemons_move_throughput_is_listed():
+    """A pagetier row says how fast the daemon's moves went: MB moved over the seconds its
+    move_pages calls took (intervals without moves left out); a baseline has no such figure."""
+    ours = _rec("pagetier:heuristic", [0.5, 1.0], scenario="fuller")
+    ours["daemon_stats"] = [
+        {"t": 1.0, "promoted": 0, "demoted": 0, "move_s": 0.001},
+        {"t": 2.0, "promoted": 20480, "demoted": 5120, "move_s": 2.0},  # 100 MB
+        {"t": 3.0, "promoted": 2560, "demoted": 0, "move_s": 0.5},  # 10 MB
+    ]
+    kern = _rec("kernel", [0.5, 1.0], scenario="fuller")
+    rows = live_table.add_ratios([live_table.summarize(kern), live_table.summarize(ours)])
+    assert rows[0]["move_mb_s"] is None
+    assert rows[1]["move_mb"] == 110.0 and rows[1]["move_s"] == 2.5
+    assert rows[1]["move_mb_s"] == 44.0
+    text = live_table.format_moves(rows)
+    assert text.splitlines()[1].split() == ["fuller", "pagetier:heuristic", "44", "MB/s:", "110",
+                                            "MB", "in", "2.5", "s"]
+    assert live_table.format_moves(rows[:1]) == ""
+    # repeated runs: the median, and each run's figure
+    again = dict(ours, daemon_stats=[{"t": 2.0, "promoted": 25600, "demoted": 0, "move_s": 1.0}])
+    row = live_table.combine([live_table.summarize(ours), live_table.summarize(again)])
+    assert row["move_mb_s"] == 72.0  # (44 + 100) / 2
+    assert "(runs: 44, 100)" in live_table.format_moves([row])

@@ -655,6 +655,9 @@ def report(doc: dict, command_line: str) -> str:
     each = live_table.format_runs(rows)
     if each:
         head += ["", each]
+    moves = live_table.format_moves(rows)
+    if moves:
+        head += ["", moves]
     splits = live_table.format_splits(rows)
     if splits:
         head += ["", splits]

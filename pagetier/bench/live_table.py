@@ -110,6 +110,17 @@ def read_interval(rec: dict) -> float | None:
     return round(gaps[len(gaps) // 2], 3) if gaps else None
 
 
+def move_figures(rec: dict) -> tuple[float | None, float | None]:
+    """(MB the daemon moved, seconds it spent moving) over a pagetier run, from its per-interval
+    stats (promoted and demoted 4 KiB pages, move_s: the wall time of that interval's
+    move_pages calls); (None, None) for a baseline."""
+    if not rec.get("daemon_stats"):
+        return None, None
+    stats = [s for s in rec["daemon_stats"] if s.get("promoted") or s.get("demoted")]
+    pages = sum((s.get("promoted") or 0) + (s.get("demoted") or 0) for s in stats)
+    return pages * PAGE / 2**20, sum(s.get("move_s") or 0.0 for s in stats)
+
+
 def summarize(rec: dict) -> dict:
     """The metrics of one configuration's run (a not-runnable one keeps its reason)."""
     out = {"scenario": rec.get("scenario"), "config": rec["config"],
@@ -122,6 +133,7 @@ def summarize(rec: dict) -> dict:
     reached = [h for h in t95 if h is not None]
     last = samples[-1] if samples else {}
     interval = read_interval(rec)
+    move_mb, move_s = move_figures(rec)
     out.update({
         "seconds": ticks[-1]["t"] if ticks else 0.0,
         "hot_mb": rec.get("hot_mb"),
@@ -144,6 +156,11 @@ def summarize(rec: dict) -> dict:
         "peak_fast_mb": max((s["fast_mb"] for s in samples), default=0.0),
         "mgr_cpu_s": last.get("mgr_cpu_s"),
         "prof_cpu_s": last.get("prof_cpu_s"),
+        # the daemon's own moves: MB and the seconds its move_pages calls took (the page copies
+        # in the kernel, most of it), and their ratio
+        "move_mb": move_mb,
+        "move_s": move_s,
+        "move_mb_s": ratio(move_mb, move_s),
         "fast_capacity_mb": rec.get("fast_capacity_mb"),
         "vmstat": rec.get("vmstat", {}),
         "memory_ok": rec.get("memory_ok"),
@@ -155,7 +172,7 @@ def summarize(rec: dict) -> dict:
 # the figures a row of repeated runs gives as the median of its runs (live.py --repeat)
 MEDIAN_KEYS = ("seconds", "interval_s", "held", "fast_access", "accesses_per_s", "moved_mb",
                "workload_moved_mb", "ping_pongs", "peak_fast_mb", "mgr_cpu_s", "prof_cpu_s",
-               "fast_capacity_mb")
+               "fast_capacity_mb", "move_mb", "move_s", "move_mb_s")
 SPREAD_KEYS = ("t95", "held", "moved_mb", "ping_pongs")  # listed per run under the tables
 
 
@@ -204,7 +221,7 @@ def combine(runs: list[dict]) -> dict:
     out["memory_ok"] = all(checks) if checks else None
     out["notes"] = sorted({n for r in ok for n in r.get("notes", [])})
     out["runs"] = len(ok)
-    out["per_run"] = [{k: r.get(k) for k in SPREAD_KEYS} for r in ok]
+    out["per_run"] = [{k: r.get(k) for k in SPREAD_KEYS + ("move_mb_s",)} for r in ok]
     out["failed_runs"] = [r.get("reason") for r in runs if not r["runnable"]]
     return out
 
@@ -339,6 +356,27 @@ def format_splits(rows: list[dict]) -> str:
     if not runs:
         return ""
     return "huge pages split to migrate (thp_migration_split): " + ", ".join(runs)
+
+
+def format_moves(rows: list[dict]) -> str:
+    """The daemon's move throughput in each pagetier row: MB it moved over the seconds its
+    move_pages calls took (each run's, for repeated runs); "" if no row moved anything. The
+    seconds are mostly the kernel copying pages, so this bounds how soon a hot set that must
+    move can be on the fast node: a phase change that moves M MB needs about M / this rate
+    on top of the read that sees it."""
+    out = []
+    for r in rows:
+        if not r["runnable"] or not r.get("move_mb_s"):
+            continue
+        label = f"{r.get('scenario') or ''} {r['config']}".strip()
+        each = [x.get("move_mb_s") for x in r.get("per_run") or ()]
+        runs = ("  (runs: " + ", ".join(_f(x, ".0f") for x in each) + ")") if len(each) > 1 else ""
+        out.append(f"{label:<34}{_f(r['move_mb_s'], '.0f'):>5} MB/s: {_f(r['move_mb'], '.0f')} MB "
+                   f"in {_f(r['move_s'], '.1f')} s{runs}")
+    if not out:
+        return ""
+    return "\n".join(["the daemon's moves (MB moved / seconds in move_pages, the kernel's page "
+                      "copies most of it):"] + out)
 
 
 def format_phases(rows: list[dict]) -> str:
