@@ -649,18 +649,12 @@ def report(doc: dict, command_line: str) -> str:
     if summary:
         head += [summary, ""]
     head.append(live_table.format_series(rows))
-    phases = live_table.format_phases(rows)
-    if phases:
-        head += ["", phases]
-    each = live_table.format_runs(rows)
-    if each:
-        head += ["", each]
-    moves = live_table.format_moves(rows)
-    if moves:
-        head += ["", moves]
-    splits = live_table.format_splits(rows)
-    if splits:
-        head += ["", splits]
+    # the sections that have something to say, each after a blank line
+    for section in (live_table.format_phases, live_table.format_runs, live_table.format_moves,
+                    live_table.format_splits):
+        text = section(rows)
+        if text:
+            head += ["", text]
     for r in rows:
         if r["runnable"] and r.get("memory_ok") is False:
             head.append(f"WARNING: {r['scenario']} {r['config']}: the workload's memory check failed")
