@@ -340,7 +340,7 @@ def format_runs(rows: list[dict]) -> str:
                  f"{_f(x['moved_mb'], '.0f')}/{x['ping_pongs']}" for x in r["per_run"]]
         failed = (f"  ({len(r['failed_runs'])} could not run: {r['failed_runs'][0]})"
                   if r.get("failed_runs") else "")
-        out.append(f"{label:<34}" + "  ".join(cells) + failed)
+        out.append(f"{label:<34} " + "  ".join(cells) + failed)
     return "\n".join(out)
 
 
