@@ -46,8 +46,12 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    rate as well: pagetier.ko's first estimates tell a hot unit from noise by a factor of 3-4
    only (hot units at 450-1,150, a fifth of the noise units at 125-130, above the bar), and in
    the next read, which the first promotions slow down and which finds little, a unit's heat
-   is still mostly that first estimate. Demotions come first in the plan and the daemon moves
-   them first, so the promotions find the room freed.
+   is still mostly that first estimate. A unit the last decision promoted that is still off
+   the fast node (the daemon deferred it at its move deadline, or a limit clipped it) fills
+   free room on that decision's evidence: the read after a long move finds the program slowed
+   and the next one the unit's estimate risen again, and the two-read tests held the last 8 MB
+   of a clean hot set back two reads (bench live noise0). Demotions come first in the plan and
+   the daemon moves them first, so the promotions find the room freed.
    The node limit never makes the policy demote by itself (the daemon does not give memory to
    other tenants); fast-node use above ``high_watermark * fast_budget`` is demoted down to
    ``low_watermark``, and in that interval warm units (under the exchange bar) are not
@@ -450,6 +454,7 @@ class Heuristic(Policy):
         self._reads = 0  # reads with rates so far
         self._held = 0  # reads in a row since the last change on the last hot set
         self._young_at = None  # the read of the last young read (see decide)
+        self._chosen: np.ndarray | None = None  # sorted keys of the last decision's promotions
 
     @property
     def looks_between_reads(self) -> bool:
@@ -785,6 +790,18 @@ class Heuristic(Policy):
                     np.minimum(fs, fnow) >= fbar)
             if young:
                 self._young_at = self._reads
+        # a unit the last decision promoted and still off the fast node (the daemon's move
+        # deadline deferred it, or a limit clipped it) fills free room on that decision's
+        # evidence: the read after a long move finds the program slowed and the next one the
+        # unit's estimate risen again, and the two-read tests held the last 8 MB of a clean
+        # hot set back two reads after its first move deferred them (bench live noise0: 88%
+        # from the second to the fourth second; noise10: 75% from the third to the sixth, the
+        # deferred 16 MB moved 2.3 s after the deferral). With this rule, in six deferrals of
+        # noise0 and noise100, the deferred units moved at the next read, 0.3-1.1 s after
+        # (a whole-run A/B of t95 says little: the runs that deferred are those whose page
+        # copies were slow, docs/kernel-facts.md)
+        if self._chosen is not None and len(self._chosen) and len(fc):
+            fill_ok[fc] |= _member_sorted(keys_of(fc), self._chosen)
 
         # 5. throttles: oversubscription limits exchanges, move-backs raise their margin
         # for a few intervals after a phase change the last phase's units are still warm: they
@@ -939,6 +956,7 @@ class Heuristic(Policy):
 
         promoted = int(npages[p].sum())
         demoted = int(npages[d].sum())
+        self._chosen = np.sort(keys_of(p)) if len(p) else None
         stats = {
             "pattern": pattern,
             "phase_change": change,
