@@ -796,10 +796,11 @@ class Heuristic(Policy):
         # unit's estimate risen again, and the two-read tests held the last 8 MB of a clean
         # hot set back two reads after its first move deferred them (bench live noise0: 88%
         # from the second to the fourth second; noise10: 75% from the third to the sixth, the
-        # deferred 16 MB moved 2.3 s after the deferral). With this rule, in six deferrals of
-        # noise0 and noise100, the deferred units moved at the next read, 0.3-1.1 s after
-        # (a whole-run A/B of t95 says little: the runs that deferred are those whose page
-        # copies were slow, docs/kernel-facts.md)
+        # deferred 16 MB's move began 2.1 s after the cut one ended). With this rule, in five
+        # deferrals of noise0 and noise100, the deferred units' move began at the next read,
+        # 0.17-0.37 s after (a whole-run A/B of t95 says little: the runs that deferred are
+        # those whose page copies were slow, docs/kernel-facts.md). Exchanges (a full node)
+        # do not take this path: there a deferral waited 0-2 reads (fuller, phases)
         if self._chosen is not None and len(self._chosen) and len(fc):
             fill_ok[fc] |= _member_sorted(keys_of(fc), self._chosen)
 
