@@ -114,6 +114,13 @@ def test_moved_counts_the_counter_at_the_end_not_the_last_sample():
     assert live_table.summarize(rec)["moved_mb"] == 10.0
 
 
+def test_a_t95_in_the_same_tick_as_the_kernels_counts_as_no_later():
+    row = {"runnable": True, "held_d": 0.0, "moved_d": 0.0}
+    rows = [{**row, "config": "kernel", "t95": 2.0, "t95_x": 1.0},
+            {**row, "config": "pagetier:heuristic", "t95": 1.01, "t95_x": 1.01},
+            {**row, "config": "pagetier:heuristic", "t95": 1.1, "t95_x": 1.1}]
+    assert "reached 95% no later in 1," in live_table.family_summary(rows)
+
 def test_series_and_summary():
     recs = [_rec("kernel", [0.0] * 5 + [1.0] * 5), _rec("pagetier:heuristic", [1.0] * 10),
             _rec("kernel", [1.0] * 10, scenario="phases"),
