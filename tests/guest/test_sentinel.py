@@ -47,10 +47,15 @@ STEPS = 3
 
 
 @pytest.mark.parametrize("framework,budget_mib", [
+    # both budgets are under the example's 32 MiB of weights and gradients, so the layer
+    # boundaries must exchange them. torch's was 40 MiB, where they all fit beside the rest: a CI
+    # run whose fallback decisions had put them all on the fast node before the profile ended
+    # had nothing to move at any boundary (4 more runs at 40 MiB moved objects at 6-7 of their
+    # 7-8 boundaries; 3 runs at 24 MiB at 7-8 of 8)
     pytest.param("numpy", 24),
     # torch's import is slow in the emulated guest (about a minute on a quiet host, ten on a
     # loaded one): on 6.12 only
-    pytest.param("torch", 40),
+    pytest.param("torch", 24),
 ])
 def test_sentinel_trains_the_example(run_dir, framework, budget_mib, kernel_series):
     """The example trains to the end under sentinel, within the budget, and its tensors move
@@ -98,13 +103,14 @@ def test_sentinel_trains_the_example(run_dir, framework, budget_mib, kernel_seri
     moved = [s for s in active if s["promoted"] + s["demoted"] > 0]
     summary = [(s["policy"].get("layer"), s["promoted"], s["demoted"], s["policy"].get("objects_moved"),
                 s["limit"], s["rate_pages"], s["clipped"], s["failed"], s["errors"],
-                s["policy"].get("fast_used"), s["policy"].get("fast_after"))
+                s["policy"].get("fast_used"), s["policy"].get("fast_after"),
+                s["policy"].get("soon_pages"))
                for s in active]
     print(f"sentinel {framework} example: {wall:.0f} s in all, setup {start[0]['setup_s']} s, "
           f"steps {[s['s'] for s in steps]} s, {len(stats)} stats lines, {len(boundary)} at "
           f"boundaries, {len(moved)} of them moved pages; parameters' nodes per step "
           f"{[s['param_nodes'] for s in steps]}\n(layer, promoted, demoted, objects moved, limit, "
-          f"rate left, clipped, failed, errors, policy's fast used, after): {summary}")
+          f"rate left, clipped, failed, errors, policy's fast used, after, soon): {summary}")
     assert "profile of 8 layers" in r.stderr, why  # 4 Linear layers, forward and backward
     assert active, f"no boundary step in active mode: {why}"
     assert active[-1]["policy"]["profiled"] > 0, active[-1]["policy"]
