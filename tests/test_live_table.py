@@ -121,6 +121,7 @@ def test_a_t95_in_the_same_tick_as_the_kernels_counts_as_no_later():
             {**row, "config": "pagetier:heuristic", "t95": 1.1, "t95_x": 1.1}]
     assert "reached 95% no later in 1," in live_table.family_summary(rows)
 
+
 def test_series_and_summary():
     recs = [_rec("kernel", [0.0] * 5 + [1.0] * 5), _rec("pagetier:heuristic", [1.0] * 10),
             _rec("kernel", [1.0] * 10, scenario="phases"),
