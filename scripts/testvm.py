@@ -136,8 +136,8 @@ def _size_mb(size: str) -> int:
 # The emulated CPU (vng's default is "max"), without ERMS and FSRM: with them the guest kernel
 # copies with `rep movsb`, which QEMU 7.2's TCG runs a byte per step. 6.12 migrates pages with
 # it (folio_mc_copy). Moving 64 MiB of huge pages by move_pages 8 times, 6.12 copied at 20-165
-# MB/s and 6.1 at 110-165 MB/s with them; without them, 410-630 MB/s after a first move at about
-# 100 MB/s (docs/kernel-facts.md, "What a move costs")
+# MB/s and 6.1 at 110-165 MB/s with them (6.1's copy path not traced); without them, 410-630 MB/s
+# after a first move at about 100 MB/s (docs/kernel-facts.md, "What a move costs")
 TCG_CPU = "max,avx2=off,erms=off,fsrm=off"
 
 
