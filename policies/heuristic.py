@@ -294,10 +294,23 @@ def plan_moves(
 def _median_by_size(values: np.ndarray, sizes: np.ndarray, npages: np.ndarray) -> np.ndarray:
     """For each unit of ``npages``, the median of ``values`` over the units of its size
     (``sizes``: theirs); the median of all of them for a size not among them (0.0 if none)."""
+    present = np.flatnonzero(np.bincount(sizes)) if len(sizes) else sizes[:0]
+    if len(present) == 1:  # one size (no THP, or all huge): one median serves every unit
+        return np.full(len(npages), float(np.median(values)))
     out = np.full(len(npages), float(np.median(values)) if len(values) else 0.0)
-    for size in np.unique(sizes):
+    for size in present:
         out[npages == size] = float(np.median(values[sizes == size]))
     return out
+
+
+def _sorted_unique(idx: np.ndarray, n: int) -> np.ndarray:
+    """``np.sort(idx)`` for distinct indices in ``range(n)``: through a mask when ``idx`` is a
+    large share of ``n`` (at 64 GiB, 5% accessed, 840,000 indices: a few ms instead of ~50)."""
+    if len(idx) < n // 16:
+        return np.sort(idx)
+    mask = np.zeros(n, bool)
+    mask[idx] = True
+    return np.flatnonzero(mask)
 
 
 def _member_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -674,7 +687,7 @@ class Heuristic(Policy):
         hot_pages = int(npages[order].sum())
         desired = fill_budget(order, npages, cap_low)
         desired_pages = hot_pages if len(desired) == len(order) else int(npages[desired].sum())
-        by_index = np.sort(desired)  # the hot set in U's order (keys ascending)
+        by_index = _sorted_unique(desired, len(U))  # the hot set in U's order (keys ascending)
         must = used - cap_b_low if used > cap_b_high else 0
         max_moves = max(0, int(ctx.max_moves))
 

@@ -1047,6 +1047,23 @@ def test_argsort_desc_is_the_stable_descending_argsort():
         assert np.array_equal(_argsort_desc(x), np.argsort(-x, kind="stable")), x
 
 
+def test_sorted_unique_and_median_by_size_match_the_plain_computations():
+    from pagetier.policies.heuristic import _median_by_size, _sorted_unique
+
+    rng = np.random.default_rng(4)
+    for n, k in ((0, 0), (10, 1), (1000, 10), (1000, 900)):
+        idx = rng.permutation(n)[:k]
+        assert np.array_equal(_sorted_unique(idx, n), np.sort(idx))
+    values = rng.random(500)
+    for sizes in (np.ones(500, np.int64), np.where(rng.random(500) < 0.2, 512, 1)):
+        npages = np.r_[sizes[:50], [4, 512, 1]]
+        want = np.array([np.median(values[sizes == s]) if (sizes == s).any()
+                         else np.median(values) for s in npages])
+        assert np.allclose(_median_by_size(values, sizes, npages), want)
+    assert np.array_equal(_median_by_size(values[:0], sizes[:0], np.ones(3, np.int64)),
+                          np.zeros(3))
+
+
 @pytest.mark.parametrize("sustained", [True, False])
 def test_heuristic_one_jumped_estimate_does_not_evict(sustained):
     """The fast node full (hot units and warm ones), three slow units above the exchange bar:
