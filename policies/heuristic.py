@@ -22,7 +22,9 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    ``exchange_ratio`` times the median heat of the hot set's units of its size (with THP, 2
    MiB units are compared with 2 MiB units, 4 KiB ones with 4 KiB ones), both now and before
    this interval's read when it was warm already (``sustained_exchange``: one estimate that jumped
-   is not a hot unit; a unit cold before is not held back). Colder units are warm: they fill
+   is not a hot unit; a unit cold before is not held back, nor one whose heat now is at least
+   ``one_read_ratio`` times that median: as hot as the hot set by one read, where a noise
+   unit's jump reaches about a quarter of it). Colder units are warm: they fill
    free room but never push a resident out (with noise on every huge page, the warm units'
    estimates jump from one interval to the next and they kept trading the spare budget among
    themselves; the reference heat falls among them when their share of all the heat is
@@ -383,6 +385,7 @@ class Heuristic(Policy):
         gap_ratio: float = 0.1  # ...and promoted - victim heat >= gap_ratio * reference heat
         exchange_ratio: float = 0.25  # ...and promoted heat >= exchange_ratio * hot set's median
         sustained_exchange: bool = True  # ...now and before this interval's read
+        one_read_ratio: float = 0.75  # ...unless this read puts it at this * the median (0: off)
         sustained_fill: bool = True  # free room is filled on two reads too: a warm unit...
         fill_ratio: float = 0.15  # ...at least fill_ratio * the hot set's median heat
         young_ratio: float = 0.4  # on a young read a unit moves only at this * median heat
@@ -421,6 +424,8 @@ class Heuristic(Policy):
                 bad("exchange_ratio", "must be in [0, 1]")
             if not 0 <= self.noise_ratio < 1:
                 bad("noise_ratio", "must be in [0, 1)")
+            if not self.one_read_ratio >= 0:
+                bad("one_read_ratio", "must be >= 0")
             if not 0 <= self.fill_ratio <= 1:
                 bad("fill_ratio", "must be in [0, 1]")
             if not 0 <= self.young_ratio <= 1:
@@ -764,7 +769,11 @@ class Heuristic(Policy):
         # resident (bench live noise1000: a 2 MiB exchange every interval or two). A unit cold
         # before (heat under min_heat) is not held back: a new hot unit evicts at once (holding
         # those back too cost bench sim 3 more losses, 4% on hotcold-phased); a phase change
-        # ranks by rates instead
+        # ranks by rates instead. Nor is a unit whose heat now is at least ``one_read_ratio``
+        # times that median: as hot as the hot set's units by one read, not a jump from the
+        # noise (live, a noise unit's jump left its heat at about a quarter of the hot units'
+        # median); held back a read, a window sliding over memory (synth:scan) had each new
+        # part promoted a read late, when the window had moved on
         steady = None
         # free room: a unit at the bar fills it; a unit under it (warm, not hot) only at
         # fill_ratio times the median heat of the hot set's units of its size. Worked out for
@@ -779,7 +788,10 @@ class Heuristic(Policy):
             prev = before / decay  # ...as the last read left it
             prev_d = prev[desired]
             if c.sustained_exchange and not seen_now:
-                steady = np.where(before >= c.min_heat, np.minimum(score, prev), score)
+                held = before >= c.min_heat
+                if c.one_read_ratio > 0:
+                    held &= score < c.one_read_ratio * med
+                steady = np.where(held, np.minimum(score, prev), score)
             fnow = rate[fc] / (1.0 - decay)  # this read's rate as a steady unit's heat
             if c.sustained_fill:
                 # free room on two reads too (4.): a unit at the bar by one estimate that

@@ -1083,6 +1083,24 @@ def test_heuristic_one_jumped_estimate_does_not_evict(sustained):
     assert pages(st, d.demote) == pages(st, d.promote) and set(d.demote) <= set(range(10, 20))
 
 
+@pytest.mark.parametrize("one_read_ratio", [0.75, 0.0])
+def test_heuristic_a_unit_as_hot_as_the_hot_set_by_one_read_is_not_held_back(one_read_ratio):
+    """A window sliding over memory: a slow unit warm before (noise) reads as hot as the hot
+    set's units in this interval. Held back a read, each new part of the window came a read
+    late (synth:scan). At one_read_ratio times the hot set's median heat it is judged on this
+    read; with the option off it waits, as a unit whose estimate merely jumped does."""
+    heat = np.r_[np.full(10, 400.0), np.full(10, 20.0), [320.0, 110.0]]
+    rate = np.r_[np.full(10, 200.0), np.full(10, 10.0), [310.0, 100.0]]
+    st = make_state(heat=heat, node=[FAST] * 20 + [SLOW] * 2)
+    st.a["rate"] = rate
+    ctx = Context(fast_budget=1000, fast_capacity=20)
+    d = create("heuristic", {"one_read_ratio": one_read_ratio}).decide(st, ctx)
+    check_invariants(st, d, ctx)
+    assert (20 in d.promote) == (one_read_ratio > 0)
+    assert 21 not in d.promote  # a jump to under the median still waits a read
+    assert pages(st, d.demote) == pages(st, d.promote) and set(d.demote) <= set(range(10, 20))
+
+
 def test_jaccard_sorted_is_the_jaccard_index():
     from pagetier.policies.heuristic import _jaccard_sorted
 
