@@ -80,6 +80,30 @@ def test_heuristic_promotes_hot_slow_units():
     check_invariants(st, d, ctx)
 
 
+@pytest.mark.parametrize("per_page", [True, False])
+def test_heuristic_ranks_units_by_heat_per_page(per_page):
+    """Room for 512 pages, and on the slow node a 2 MiB unit of heat 157 and 128 16 KiB units
+    of heat 40: by each unit's heat the huge one goes first (bench sim redis at 25%: the first
+    fill took such units, 0.3 accesses per page, over small ones at 10), per page the small
+    units do, 33 times the accesses. Victims too are the coldest per page: a fast 2 MiB unit of
+    heat 20 goes, not a 4 KiB one of heat 2."""
+    heat = np.r_[157.0, np.full(128, 40.0)]
+    npages = [512] + [4] * 128
+    st = make_state(heat=heat, node=[SLOW] * 129, npages=npages)
+    ctx = Context(fast_budget=540, max_moves=1 << 20)  # 95%: 513 pages
+    d = create("heuristic", {"per_page": per_page}).decide(st, ctx)
+    check_invariants(st, d, ctx)
+    assert sorted(d.promote) == (list(range(1, 129)) if per_page else [0])
+    # full: a 2 MiB resident of heat 20 (0.04 per page) and a 4 KiB one of heat 2; two 16 KiB
+    # units of heat 40 (10 per page) come in
+    heat = np.r_[20.0, 2.0, 40.0, 40.0]
+    st = make_state(heat=heat, node=[FAST, FAST, SLOW, SLOW], npages=[512, 1, 4, 4])
+    ctx = Context(fast_budget=513, max_moves=1 << 20)
+    d = create("heuristic", {"per_page": per_page, "low_watermark": 1.0}).decide(st, ctx)
+    check_invariants(st, d, ctx)
+    assert list(d.demote) == [0] and sorted(d.promote) == [2, 3]
+
+
 def test_heuristic_budget_with_huge_units():
     # a huge hot unit (512 pages) does not fit the 100-page budget; the small ones behind it do
     heat = [90, 80, 70, 60]
@@ -1148,15 +1172,20 @@ def test_heuristic_small_units_do_not_lower_the_exchange_bar_of_huge_ones():
     in bench live noise1000, each accessed in no probe window). Per unit they would outnumber
     the huge units and put the hot set's median among the noise, and 13 noise units measurably
     hotter than the 13 resident ones would trade places with them. The bar is the median of
-    the candidate's own size: no noise unit evicts another."""
+    the candidate's own size: no huge noise unit evicts another. (Per page the 4 KiB units are
+    far hotter than a huge noise unit, 14 against 20 / 512: they may take one's place, never a
+    hot unit's.)"""
     huge, small = 512, 1
     heat = np.r_[np.full(32, 300.0), np.full(13, 20.0), np.full(13, 60.0), np.full(70, 20.0),
                  np.full(60, 14.0)]
     node = [FAST] * 45 + [SLOW] * (13 + 70 + 60)
     npages = [huge] * (32 + 13 + 13 + 70) + [small] * 60
     st = make_state(heat=heat, node=node, npages=npages)
-    d = create("heuristic").decide(st, Context(fast_budget=45 * huge, max_moves=1 << 20))
-    assert len(d.promote) == 0 and len(d.demote) == 0, (d.promote, d.demote)
+    ctx = Context(fast_budget=45 * huge, max_moves=1 << 20)
+    d = create("heuristic").decide(st, ctx)
+    check_invariants(st, d, ctx)
+    assert set(d.promote) <= set(range(128, 188)), d.promote  # small units only
+    assert set(d.demote) <= set(range(32, 45)) and len(d.demote) <= 1, d.demote  # noise only
     # without the small units the same: the 13 are warm, under a quarter of the median
     st = make_state(heat=heat[:128], node=node[:128], npages=npages[:128])
     d = create("heuristic").decide(st, Context(fast_budget=45 * huge, max_moves=1 << 20))

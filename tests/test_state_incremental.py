@@ -202,7 +202,7 @@ def test_phase_change_bound_changes_no_decision(seed, monkeypatch):
 
 def brute_coldest(st, node):
     on = np.flatnonzero(st.node == node)
-    return on[np.lexsort((on, st.heat[on]))]
+    return on[np.lexsort((on, st.heat[on].astype(np.float64) / st.npages[on]))]
 
 
 def test_coldest_stays_exact_when_the_pool_key_unit_is_forgotten(monkeypatch):

@@ -42,7 +42,8 @@ Cost per interval: what the interval's samples hold, not what is tracked.
   and forgotten: :meth:`pages_on` is O(1).
 - :meth:`hotter_than` gives the candidates a policy ranks (heat at least x) from a kept set,
   pruned as heat decays, with the heat of the rest as one sum; :meth:`coldest` the coldest
-  units of a node, the victims of an exchange.
+  units of a node per page (heat over pages: a 2 MiB unit takes 512 pages of a budget), the
+  victims of an exchange.
 
 Assigning ``state.a`` (tests, the simulator) drops all of that and it is rebuilt on demand;
 columns written in place through ``state.a[...]`` must keep ``heat`` in stored units (equal to
@@ -348,12 +349,17 @@ class PageState:
             self._cand = union(self._cand, out)
             self._a["flags"][out] |= np.uint8(F_CAND)
 
-    def coldest(self, node: int, n: int) -> tuple[np.ndarray, bool]:
-        """(units on ``node``, coldest first (heat, then index), at least ``n`` of them or all;
-        whether that is all of them). A true prefix of the node's units in that order.
+    def _coldness(self, idx: np.ndarray) -> np.ndarray:
+        """The pools' order key of units ``idx``: heat per page (stored scale)."""
+        a = self._a
+        return a["heat"][idx].astype(np.float64) / a["npages"][idx]
 
-        Kept between calls: a pool of the node's coldest units and the key (heat, index) of
-        the first unit outside it. Units outside only get hotter (a touched unit's heat
+    def coldest(self, node: int, n: int) -> tuple[np.ndarray, bool]:
+        """(units on ``node``, coldest first (heat per page, then index), at least ``n`` of them
+        or all; whether that is all of them). A true prefix of the node's units in that order.
+
+        Kept between calls: a pool of the node's coldest units and the key (heat per page,
+        index) of the first unit outside it. Units outside only get hotter (a touched unit's heat
         grows), units that join the node colder than that key join the pool, so the pool's
         members below the key stay the node's coldest; it is rebuilt (one pass over the
         units) when fewer than ``n`` are left."""
@@ -363,7 +369,7 @@ class PageState:
         if pool is not None:
             idx, th, ti = pool[:3]
             idx = idx[a["node"][idx] == node]
-            h = a["heat"][idx]
+            h = self._coldness(idx)
             below = (h < th) | ((h == th) & (idx < ti))
             idx = idx[below]
             pool[0] = idx
@@ -374,16 +380,16 @@ class PageState:
                     # so the members are idx exactly when the lengths are equal)
                     if len(order) != len(idx):
                         order = order[np.isin(order, idx, assume_unique=True)]
-                    ho = a["heat"][order]
+                    ho = self._coldness(order)
                     if len(order) == len(idx) and (len(order) < 2 or bool(np.all(
                             (ho[1:] > ho[:-1]) | ((ho[1:] == ho[:-1]) & (order[1:] > order[:-1]))))):
                         pool[3] = order
                         return _prefix(self._trim(pool, order, n), n, pool[1] == np.inf)
-                order = idx[np.argsort(a["heat"][idx], kind="stable")]
+                order = idx[np.argsort(self._coldness(idx), kind="stable")]
                 pool[3] = order
                 return _prefix(self._trim(pool, order, n), n, pool[1] == np.inf)
         on = np.flatnonzero(a["node"] == node)
-        h = a["heat"][on]
+        h = self._coldness(on)
         k = max(4 * n, POOL_MIN)
         if k >= len(on):
             sel, th, ti = on, np.inf, 0
@@ -395,7 +401,7 @@ class PageState:
             sel = np.concatenate([below, eq[:take]])
             sel.sort()
             th, ti = float(v), int(eq[take]) if take < len(eq) else 1 << 62
-        order = sel[np.argsort(a["heat"][sel], kind="stable")]
+        order = sel[np.argsort(self._coldness(sel), kind="stable")]
         self._pools[node] = [sel, th, ti, order]
         return _prefix(order, n, th == np.inf)
 
@@ -408,7 +414,8 @@ class PageState:
             return order
         first_out = int(order[keep])
         order = order[:keep]
-        pool[:] = [np.sort(order), float(self._a["heat"][first_out]), first_out, order]
+        pool[:] = [np.sort(order), float(self._coldness(np.array([first_out]))[0]), first_out,
+                   order]
         return order
 
     def _pool_join(self, idx: np.ndarray) -> None:
@@ -422,7 +429,7 @@ class PageState:
             j = idx[nd == node]
             if not len(j):
                 continue
-            h = a["heat"][j]
+            h = self._coldness(j)
             th, ti = pool[1], pool[2]
             j = j[(h < th) | ((h == th) & (j < ti))]
             if len(j):
