@@ -498,9 +498,9 @@ class Heuristic(Policy):
     def _hot_order(self, score, cand, fast, rest: float = 0.0, npages=None):
         """(units of ``cand`` above the noise floor, hottest first with ties to fast residents;
         reference heat; floor). Given the units' sizes ``npages``, when there is more than one
-        among them: hottest per page first (the floor is a unit's heat all the same). ``rest``: the summed
-        score of units left out of ``cand`` (all colder than ``min_heat``); when the reference
-        falls among them it is ``min_heat``."""
+        among them: hottest per page first (the floor is a unit's heat all the same).
+        ``rest``: the summed score of units left out of ``cand`` (all colder than
+        ``min_heat``); when the reference falls among them it is ``min_heat``."""
         c = self.config
         s = score[cand] * (1.0 + 1e-9 * fast[cand])
         by = _argsort_desc(s)
