@@ -759,7 +759,7 @@ class Heuristic(Policy):
             fast_idx = np.flatnonzero(fast)
         # coldest first, per page with per_page (as the pool is)
         per = npages if c.per_page else np.ones(len(U), np.int64)
-        fast_idx = fast_idx[np.argsort((score / per)[fast_idx], kind="stable")]
+        fast_idx = fast_idx[np.argsort(score[fast_idx] / per[fast_idx], kind="stable")]
         # stuck units (the kernel refused their last move: shared pages) neither go nor make
         # room: the planner drops their moves, and clips the promotions they were to make
         # room for. Looked up once, for the victims and the hot set's slow units
