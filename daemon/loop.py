@@ -25,8 +25,9 @@ One interval (:meth:`Daemon.step`):
    interval's time (no move_pages call starts more than two intervals after the moves began:
    the rest is ``deferred``, planned again at the next interval), units whose move
    failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
-   promotions stop at the fast node's high watermark (move_pages into a node without room
-   reclaims and retries page by page before it says ENOMEM);
+   promotions stop ROOM_MARGIN above the fast node's high watermark (move_pages into a node
+   without room reclaims and retries page by page before it says ENOMEM), an exchange's at the
+   watermark itself when its demotions freed the room;
    the fast budget counts the pages the daemon can move: fast pages the kernel refused to
    move (mapped by other processes too) are reported apart, as ``fast_unmovable``;
 6. a stats dict (with ``limit``: the limit that kept wanted units off the fast node,
@@ -223,6 +224,7 @@ class Daemon:
         # last room read (fast_room_pages)
         self._pcp_base: int | None = None
         self._pcp_ours = 0
+        self._room_detail: list[dict] = []  # this step's readings of the fast node's room
         self._demoted_unread = 0
 
     @property
@@ -289,7 +291,11 @@ class Daemon:
             self._pcp_ours = min(self._pcp_ours + demoted, max(0, pcp - self._pcp_base))
         if not self._pcp_ours:
             self._pcp_base = pcp  # none of the daemon's pages there: the base follows the lists
-        return (free - high - ROOM_MARGIN) // PAGE_SIZE + self._pcp_ours
+        room = (free - high - ROOM_MARGIN) // PAGE_SIZE + self._pcp_ours
+        # what the room was made of, in 4 KiB pages (stats: "fast_room")
+        self._room_detail.append({"free": free // PAGE_SIZE, "high": high // PAGE_SIZE,
+                                  "pcp": pcp, "pcp_ours": self._pcp_ours, "room": room})
+        return room
 
     def rate_pages(self) -> int:
         return planner.rate_pages(self.cfg.rate, self.cfg.interval)
@@ -389,6 +395,7 @@ class Daemon:
         # what the fast node can hold for the targets: their units on it plus its room above
         # the high watermark (never less than they hold: the daemon does not demote to make
         # room for other tenants). Below the budget, the node is the limit: the policy exchanges
+        self._room_detail = []
         room0 = self.fast_room_pages()
         capacity = None if room0 is None else st.pages_on(cfg.fast_node) + max(0, room0)
         ctx = policies.Context(fast_node=cfg.fast_node, slow_node=cfg.slow_node,
@@ -434,6 +441,13 @@ class Daemon:
                 # the kernel may have refused some demotions: plan the promotions again on the
                 # state they left, with the room read again (exchange: they made room for these)
                 room = self.fast_room_pages() if len(promote) or limit_hit == "node" else None
+                if room is not None and demoted_pages:
+                    # an exchange's promotions may take back the room its demotions freed, down
+                    # to the high watermark itself: ROOM_MARGIN is kept for promotions into
+                    # free room. A node a few pages under the margin (other tenants, pages the
+                    # kernel refused to demote) otherwise clipped a 2 MiB unit off each
+                    # exchange, and it came in over the next reads (bench live fuller)
+                    room = max(room, min(demoted_pages, room + ROOM_MARGIN // PAGE_SIZE))
                 promote, limit_hit = planner.plan_promotions(
                     st, dec.promote, budget, room, limit - demoted_pages, fast=cfg.fast_node)
                 if limit_hit == "node" and room <= 0:
@@ -488,6 +502,10 @@ class Daemon:
             "budget": int(min(budget, 1 << 50)) * PAGE_SIZE,
             # the fast memory the node can hold for the targets (None: unknown)
             "fast_capacity": None if capacity is None else int(capacity) * PAGE_SIZE,
+            # each reading of the fast node's room in this step (before the decision, and again
+            # after the demotions when there are promotions), in 4 KiB pages: MemFree, the high
+            # watermark, the per-CPU lists' pages and the daemon's demoted pages counted there
+            "fast_room": self._room_detail,
             # the limit that kept wanted units off the fast node: "budget", "node" (the fast
             # node's free memory), "rate", or None
             "limit": bound,

@@ -1082,14 +1082,19 @@ def test_ping_pong_policy_flips_every_unit(tmp_path):
     assert d.step()["promoted"] == 16  # the budget still holds
 
 
-@pytest.mark.parametrize("freed_to", ["buddy", "per-CPU list"])
-def test_exchange_when_the_node_not_the_budget_is_the_limit(tmp_path, freed_to):
+@pytest.mark.parametrize("freed_to,edge", [("buddy", False), ("per-CPU list", False),
+                                            ("buddy", True)])
+def test_exchange_when_the_node_not_the_budget_is_the_limit(tmp_path, freed_to, edge):
     """The fast node has room for a little more than one of two alternating hot regions; the
     budget would hold both. When the hot region changes, the daemon demotes the old one to make
     room for the new (an exchange), the promotions fit the room freed, and the stats say the
     node was the limit. Free memory follows the daemon's moves, as on a real node; with
     "per-CPU list" the demoted pages wait on the freeing CPU's list, outside MemFree (as the
-    test VM's kernels often leave them), and the promotions' allocations take them first."""
+    test VM's kernels often leave them), and the promotions' allocations take them first.
+    With ``edge`` another tenant takes the node down to 50 pages under the daemon's margin
+    above the high watermark before the change: the exchange still brings the whole new
+    region in (it takes back the room its demotions freed), and free memory never goes under
+    the watermark."""
     node0 = tmp_path / "node" / "node0"
     node0.mkdir(parents=True)
     zoneinfo = tmp_path / "zoneinfo"
@@ -1144,13 +1149,18 @@ def test_exchange_when_the_node_not_the_budget_is_the_limit(tmp_path, freed_to):
         sign = -1 if node == 0 else 1
         text = node0.joinpath("meminfo").read_text().split("MemFree: ")
         kb = int(text[1].split()[0]) + sign * pages * 4
+        lowest[0] = min(lowest[0], kb)
         node0.joinpath("meminfo").write_text(f"{text[0]}MemFree: {kb} kB\n")
         return r
 
+    lowest = [1 << 40]  # the lowest MemFree the moves left, kB
     d.mover.move = move
     free()
     stats = [d.step() for _ in range(6)]
     assert d.state.pages_on(0) == region  # region A on the fast node
+    if edge:  # another tenant takes the room left and 50 pages of the margin
+        room = region - 50
+        free()
     phase["b"] = True
     stats = [d.step() for _ in range(6)]
     ex = [s for s in stats if s["promoted"] and s["demoted"]]
@@ -1158,8 +1168,9 @@ def test_exchange_when_the_node_not_the_budget_is_the_limit(tmp_path, freed_to):
     assert ex[0]["policy"]["exchange"] and ex[0]["promoted"] == region
     fast = np.asarray(d.state.node) == 0
     assert fast[region:].all(), "region B not all on the fast node"
-    assert all(s["fast_capacity"] <= (room + 1) * 4096 for s in stats)
+    assert all(s["fast_capacity"] <= max(room + 1, region) * 4096 for s in stats)
     assert sum(s["ping_pongs"] for s in stats) == 0
+    assert lowest[0] >= 1024, f"MemFree {lowest[0]} kB: under the high watermark (1 MiB)"
     print([(s["promoted"], s["demoted"], s["limit"], s["policy"]["ranked_by"]) for s in stats])
 
 

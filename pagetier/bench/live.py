@@ -508,7 +508,8 @@ def run_config(name: str, spec: Spec, log=print) -> dict:
                                               "failed", "nomem", "busy", "clipped", "deferred")}
             keys = ("t", "early", "looked", "units", "promoted", "demoted", "fast_used", "cpu_s",
                     "wall_s", "deferred", "clipped", "limit", "rate_pages", "throughput_mb_s",
-                    "merge_s", "decide_s", "move_s", "profiler_scan_s", "policy", "errors")
+                    "merge_s", "decide_s", "move_s", "profiler_scan_s", "policy", "errors",
+                    "fast_capacity", "fast_room")
             rec["daemon_stats"] = [{k: s.get(k) for k in keys} for s in dstats]
         if isinstance(manager, kernel_tiering.DamosTiering):
             rec["damos_applied_bytes"] = manager.applied_bytes()
