@@ -26,8 +26,8 @@ One interval (:meth:`Daemon.step`):
    the rest is ``deferred``, planned again at the next interval), units whose move
    failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
    promotions stop ROOM_MARGIN above the fast node's high watermark (move_pages into a node
-   without room reclaims and retries page by page before it says ENOMEM), an exchange's at the
-   watermark itself when its demotions freed the room;
+   without room reclaims and retries page by page before it says ENOMEM), an exchange's (a
+   step that demoted) at the watermark itself, by no more than it demoted;
    the fast budget counts the pages the daemon can move: fast pages the kernel refused to
    move (mapped by other processes too) are reported apart, as ``fast_unmovable``;
 6. a stats dict (with ``limit``: the limit that kept wanted units off the fast node,
@@ -442,12 +442,13 @@ class Daemon:
                 # state they left, with the room read again (exchange: they made room for these)
                 room = self.fast_room_pages() if len(promote) or limit_hit == "node" else None
                 if room is not None and demoted_pages:
-                    # an exchange's promotions may take back the room its demotions freed, down
-                    # to the high watermark itself: ROOM_MARGIN is kept for promotions into
-                    # free room. A node a few pages under the margin (other tenants, pages the
-                    # kernel refused to demote) otherwise clipped a 2 MiB unit off each
-                    # exchange, and it came in over the next reads (bench live fuller)
-                    room = max(room, min(demoted_pages, room + ROOM_MARGIN // PAGE_SIZE))
+                    # an exchange's promotions (after demotions in this step) may use the
+                    # margin, down to the high watermark itself, by no more than was demoted:
+                    # ROOM_MARGIN is kept for promotions into free room alone. A node a few
+                    # pages short (other tenants, pages the kernel refused to demote) otherwise
+                    # clipped a 2 MiB unit off most exchanges, and it came in over the next
+                    # reads (bench live fuller)
+                    room += min(demoted_pages, ROOM_MARGIN // PAGE_SIZE)
                 promote, limit_hit = planner.plan_promotions(
                     st, dec.promote, budget, room, limit - demoted_pages, fast=cfg.fast_node)
                 if limit_hit == "node" and room <= 0:
