@@ -1093,8 +1093,8 @@ def test_exchange_when_the_node_not_the_budget_is_the_limit(tmp_path, freed_to, 
     test VM's kernels often leave them), and the promotions' allocations take them first.
     With ``edge`` another tenant takes the node down to 50 pages under the daemon's margin
     above the high watermark before the change: the exchange still brings the whole new
-    region in (it takes back the room its demotions freed), and free memory never goes under
-    the watermark."""
+    region in (a step that demoted may promote into the margin, by up to what it demoted),
+    and free memory never goes under the watermark."""
     node0 = tmp_path / "node" / "node0"
     node0.mkdir(parents=True)
     zoneinfo = tmp_path / "zoneinfo"
