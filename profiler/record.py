@@ -23,6 +23,7 @@ from pagetier.errors import ConfigError, PagetierError
 from pagetier.profiler.base import Profiler, Sample
 
 MAX_SYMBOLS = 20000
+DESCRIBE_AGAIN = 3  # reads in which a process whose command line was empty is described again
 
 
 def read_maps(pid: int) -> list[list]:
@@ -231,7 +232,11 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
                     fill_nodes(s)
                 w.add(interval, t, s)
                 pages += int((s.count > 0).sum())
-                if len(procs[pid]["maps"]) < 400000:
+                if not procs[pid]["cmdline"] and interval < DESCRIBE_AGAIN:
+                    # read while the process was in execve (a command just started: its new
+                    # memory has no argument area yet, and /proc shows an empty command line)
+                    procs[pid] = describe_process(pid)
+                elif len(procs[pid]["maps"]) < 400000:
                     newer = read_maps(pid)
                     if newer:
                         procs[pid]["maps"] = newer
@@ -253,14 +258,16 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
         except (PagetierError, ProcessLookupError, OSError):
             pass
     # Write the final file with the process details (maps, symbols) in its metadata.
-    _finish(tmp, out, {str(p): v for p, v in procs.items()})
+    command = " ".join(shlex.quote(a) for a in procs[pids[0]]["cmdline"])
+    _finish(tmp, out, {str(p): v for p, v in procs.items()}, command)
     return {"output": out, "intervals": interval, "rows": rows, "seconds": time.monotonic() - t0,
             "backend": profiler.name, "pids": list(pids), "pages_accessed": pages_total,
             "stats": stats}
 
 
-def _finish(tmp: str, out: str, processes: dict) -> None:
-    """Copy ``tmp`` to ``out`` with the process details added to the metadata."""
+def _finish(tmp: str, out: str, processes: dict, command: str = "") -> None:
+    """Copy ``tmp`` to ``out`` with the process details added to the metadata (and the first
+    process's ``command`` where the start left it empty)."""
     import pyarrow.parquet as pq
 
     from pagetier.profiler.trace import META_KEY
@@ -268,6 +275,8 @@ def _finish(tmp: str, out: str, processes: dict) -> None:
     pf = pq.ParquetFile(tmp)
     meta = json.loads(pf.schema_arrow.metadata[META_KEY])
     meta["processes"] = processes
+    if not meta.get("command"):
+        meta["command"] = command
     sch = pf.schema_arrow.with_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
     with pq.ParquetWriter(out, sch, compression="zstd") as w:
         for i in range(pf.num_row_groups):
