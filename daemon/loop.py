@@ -26,8 +26,9 @@ One interval (:meth:`Daemon.step`):
    the rest is ``deferred``, planned again at the next interval), units whose move
    failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
    promotions stop ROOM_MARGIN above the fast node's high watermark (move_pages into a node
-   without room reclaims and retries page by page before it says ENOMEM), an exchange's (a
-   step that demoted) at the watermark itself, by no more than it demoted;
+   without room reclaims and retries page by page before it says ENOMEM); after demotions
+   in the same step they may go into that margin by up to the pages demoted, never under
+   the watermark;
    the fast budget counts the pages the daemon can move: fast pages the kernel refused to
    move (mapped by other processes too) are reported apart, as ``fast_unmovable``;
 6. a stats dict (with ``limit``: the limit that kept wanted units off the fast node,

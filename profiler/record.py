@@ -100,6 +100,11 @@ def describe_process(pid: int) -> dict:
     return info
 
 
+def _command(info: dict) -> str:
+    """A process's command line (from :func:`describe_process`) as one shell-quoted string."""
+    return " ".join(shlex.quote(a) for a in info["cmdline"])
+
+
 def fill_nodes(sample) -> None:
     """Ask the kernel (move_pages) for the node of units the backend left at -1."""
     unknown = sample.node < 0
@@ -183,7 +188,7 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
          "kernel": platform.release(), "complete": bool(all_pages)}
     m.update(meta or {})
     m.setdefault("mode", getattr(profiler, "mode", ""))
-    m.setdefault("command", " ".join(shlex.quote(a) for a in procs[pids[0]]["cmdline"]))
+    m.setdefault("command", _command(procs[pids[0]]))
     # A program maps more as it runs: maps are read again each interval, and the process
     # details go into the metadata when the run ends (_finish rewrites the file once).
     live = list(pids)
@@ -258,8 +263,7 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
         except (PagetierError, ProcessLookupError, OSError):
             pass
     # Write the final file with the process details (maps, symbols) in its metadata.
-    command = " ".join(shlex.quote(a) for a in procs[pids[0]]["cmdline"])
-    _finish(tmp, out, {str(p): v for p, v in procs.items()}, command)
+    _finish(tmp, out, {str(p): v for p, v in procs.items()}, _command(procs[pids[0]]))
     return {"output": out, "intervals": interval, "rows": rows, "seconds": time.monotonic() - t0,
             "backend": profiler.name, "pids": list(pids), "pages_accessed": pages_total,
             "stats": stats}
