@@ -49,7 +49,11 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    (1.5-1.6 times the hot set moved); with the hot set's heat in one read as the scale, each
    slowed read let a few in, all run long (1.4 and 1.6 times in two runs). On a young read,
    when most of the hot set's pages have their first estimate in it, a unit moves only at
-   ``young_ratio`` times that median, and in the read after it only at the bar by this read's
+   ``young_ratio`` times that median (or, per page, at ``young_ratio`` times the hot set's
+   median heat per page, weighted by pages: a 16 KiB unit hotter per page than the hot 2 MiB
+   units is not noise; compared with 16 KiB units only, 28 pages of them waited a read on
+   bench sim hotcold-phased at 50%, 0.16% behind heat-classes), and in the read after it only
+   at the bar by this read's
    rate as well: pagetier.ko's first estimates tell a hot unit from noise by a factor of 3-4
    only (hot units at 450-1,150, a fifth of the noise units at 125-130, above the bar), and in
    the next read, which the first promotions slow down and which finds little, a unit's heat
@@ -72,7 +76,10 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
 6. throttles. A move-back is a move of a unit moved within ``thrash_window`` intervals, except
    one that a young read (4.) moved (``young_corrections``): that move was a guess on first
    estimates, and moving the unit back corrects it (counted, the corrections of a first fill
-   throttled bench sim redis at 10% for eight reads, 0.6% slower); when
+   throttled bench sim redis at 10% for eight reads, 0.6% slower), nor the demotion of one
+   this read found idle and outside the hot set: its accesses moved on (bench sim zstd at 10%,
+   whose 2 MiB units are hot 3-4 reads each in turn: each retired unit counted, and the
+   throttle held the next one back 1-3 reads, 0.12% behind heat-classes); when
    more than ``thrash_ratio`` of a plan's pages (or of their moving average) are move-backs,
    for the next ``thrash_window`` intervals an exchange needs ``thrash_margin`` instead of
    ``margin`` (the promoted unit more than four times the victim's heat by default, not 1.25
@@ -775,6 +782,12 @@ class Heuristic(Policy):
             counted = within & ~np.isin(last_move, np.fromiter(self._young_moves, np.int64))
         in_set = np.zeros(len(U), bool)
         in_set[desired] = True
+        if rate is not None:
+            # nor the demotion of a recent mover this read found idle and out of the hot set:
+            # its accesses moved on (zstd's 2 MiB units, each hot for 3-4 reads in turn: each
+            # retired one counted, the throttle held the next back 1-3 reads, bench sim zstd
+            # at 10% 0.12% behind heat-classes). Units trading places are still accessed
+            counted = counted & ~(fast & ~in_set & (rate <= 0))
         slow_wanted = desired[~fast[desired]]
         in_set[slow_wanted[state.stuck(U[slow_wanted])]] = False
         desired_score = score[desired]
@@ -841,8 +854,20 @@ class Heuristic(Policy):
             after = self._young_at == self._reads - 1
             young_test = c.young_ratio > 0 and (young or after)
             if young_test:
-                fill_ok[fc] &= (fs >= c.young_ratio * med[fc]) if young else (
-                    np.minimum(fs, fnow) >= fbar)
+                if young:
+                    # at young_ratio times the median of its size or, with units of more than
+                    # one size, per page at that share of the hot set's median heat per page
+                    # (weighted by pages: the size that holds most of the hot set sets it)
+                    ybar = med[fc]
+                    if c.per_page and int(dsize.min()) != int(dsize.max()):
+                        pp = desired_score / dsize
+                        srt = np.argsort(pp, kind="stable")
+                        cw = np.cumsum(dsize[srt])
+                        wmed = float(pp[srt][np.searchsorted(cw, 0.5 * cw[-1])])
+                        ybar = np.minimum(ybar, wmed * npages[fc])
+                    fill_ok[fc] &= fs >= c.young_ratio * ybar
+                else:
+                    fill_ok[fc] &= np.minimum(fs, fnow) >= fbar
             if young:
                 self._young_at = self._reads
                 self._young_moves.append(now)

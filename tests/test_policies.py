@@ -249,6 +249,47 @@ def test_heuristic_moving_back_what_a_young_read_moved_is_no_move_back(correctio
         assert len(d.demote) == 0 and pages(st, d.promote) <= 1  # the free page only
 
 
+@pytest.mark.parametrize("idle", [True, False])
+def test_heuristic_retiring_an_idle_recent_mover_is_no_move_back(idle):
+    """A 2 MiB unit brought in three reads ago is idle now (no access in this read) and out of
+    the hot set; the next 2 MiB unit is hot and the budget holds one. Demoting the idle one is
+    no move-back: its accesses moved on (bench sim zstd at 10%, 2 MiB units hot 3-4 reads
+    each in turn), and the exchange happens at once. Still accessed, the same demotion counts
+    as a move-back, and the throttle's margin (4x on two reads) holds the exchange back."""
+    now = 100
+    st = make_state(heat=[2.5 if idle else 5.0, 16.0], node=[FAST, SLOW], npages=[512, 512],
+                    last_move=[now - 3, NEVER], interval=now)
+    # steady estimates (decay 0.5): the idle unit had heat 5 before this read
+    st.a["rate"] = [0.0 if idle else 2.5, 8.0]
+    ctx = Context(fast_budget=540, max_moves=4096)
+    d = create("heuristic").decide(st, ctx)
+    check_invariants(st, d, ctx)
+    if idle:
+        assert d.stats["move_back_pages"] == 0 and "move-backs" not in d.stats["throttle_reasons"]
+        assert list(d.promote) == [1] and list(d.demote) == [0]
+    else:
+        assert "move-backs" in d.stats["throttle_reasons"]
+        assert len(d.promote) == 0 and len(d.demote) == 0
+
+
+def test_heuristic_young_read_takes_small_units_hot_per_page():
+    """On a young read a unit moves at young_ratio (0.4) times the median heat of the hot set's
+    units of its size, or per page at that share of the hot set's median heat per page
+    (weighted by pages). 16 KiB units at 8, a third of their size's median (24) but far hotter
+    per page than the hot 2 MiB units, move now (bench sim hotcold-phased at 50%: 28 such
+    pages waited a read, 0.16% behind heat-classes); 2 MiB units at a third of the hot ones'
+    heat still wait."""
+    heat = [60.0] * 10 + [20.0] * 2 + [40.0] * 5 + [8.0] * 5
+    npages = [512] * 12 + [4] * 10
+    st = make_state(heat=heat, node=[SLOW] * 22, npages=npages, interval=100)
+    st.a["rate"] = st.heat  # first estimates: nothing before this read
+    ctx = Context(fast_budget=8000, max_moves=8000)
+    d = create("heuristic").decide(st, ctx)
+    check_invariants(st, d, ctx)
+    assert d.stats["young_read"]
+    assert sorted(d.promote) == list(range(10)) + list(range(12, 22))
+
+
 def test_heuristic_throttle_raises_the_exchange_margin():
     """While throttled, an exchange needs thrash_margin: a unit 2x hotter than a fast unit
     swaps with it unthrottled (margin 0.25) but not throttled, nor does one 4x hotter (one
