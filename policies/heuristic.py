@@ -49,8 +49,8 @@ The signal is ``state.heat``: the decayed sum of each unit's estimated accesses 
    (1.5-1.6 times the hot set moved); with the hot set's heat in one read as the scale, each
    slowed read let a few in, all run long (1.4 and 1.6 times in two runs). On a young read,
    when most of the hot set's pages have their first estimate in it, a unit moves only at
-   ``young_ratio`` times that median (or, per page, at ``young_ratio`` times the hot set's
-   median heat per page, weighted by pages: a 16 KiB unit hotter per page than the hot 2 MiB
+   ``young_ratio`` times that median (or, with units of more than one size, per page at
+   ``young_ratio`` times the hot set's median heat per page, weighted by pages: a 16 KiB unit hotter per page than the hot 2 MiB
    units is not noise; compared with 16 KiB units only, 28 pages of them waited a read on
    bench sim hotcold-phased at 50%, 0.16% behind heat-classes), and in the read after it only
    at the bar by this read's
