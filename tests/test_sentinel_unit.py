@@ -248,9 +248,12 @@ def serving(server, stop):
 @pytest.fixture
 def echo_server(tmp_path):
     seen = []
+    handled = {"add_layer": threading.Event()}  # set when the handler has answered that op
 
     def handler(peer, req):
         seen.append((peer, req))
+        if req["op"] in handled:
+            handled[req["op"]].set()
         if req["op"] == "detach":
             raise control.RequestError("no")
         return {"echo": req["op"]}
@@ -259,14 +262,14 @@ def echo_server(tmp_path):
     stop = threading.Event()
     th = threading.Thread(target=serving, args=(srv, stop), daemon=True)
     th.start()
-    yield srv, seen
+    yield srv, seen, handled
     stop.set()
     th.join()
     srv.close()
 
 
 def test_protocol(echo_server):
-    srv, seen = echo_server
+    srv, seen, handled = echo_server
     assert stat.S_IMODE(os.stat(srv.path).st_mode) == 0o666
     s = connect(srv.path)
     assert ask(s, b'{"op": "status"}\n') == {"ok": True, "echo": "status"}
@@ -276,9 +279,12 @@ def test_protocol(echo_server):
     assert "unknown op 'fly'" in ask(s, b'{"op": "fly"}\n')["error"]
     assert "JSON object" in ask(s, b"[1]\n")["error"]
     assert ask(s, b'{"op": "detach", "pid": 1}\n') == {"ok": False, "error": "no"}
-    # no reply for reply:false; two requests in one packet, one split over two sends
+    # no reply for reply:false; two requests in one packet, one split over two sends: the
+    # second send goes only once the server has answered the first request of the packet, so
+    # the start of the second request is waiting in the connection's buffer
     s.sendall(b'{"op": "add_layer", "reply": false}\n{"op": "hel')
-    time.sleep(0.1)
+    assert handled["add_layer"].wait(5), "the server did not read the first request"
+    assert [c.buf for c in srv.conns.values()] == [b'{"op": "hel']
     assert ask(s, b'lo"}\n') == {"ok": True, "echo": "hello", "version": protocol.VERSION}
     assert [r["op"] for _, r in seen[-2:]] == ["add_layer", "hello"]
     s.close()
@@ -317,7 +323,7 @@ def test_connections_per_user_are_bounded(tmp_path, monkeypatch):
 
 
 def test_socket_path_claims(tmp_path, echo_server):
-    srv, _ = echo_server
+    srv, _, _ = echo_server
     with pytest.raises(ConfigError, match="another pagetier daemon is listening"):
         control.ControlServer(srv.path, lambda p, r: None)
     stale = tmp_path / "stale.sock"
