@@ -1,7 +1,8 @@
 """The executor: carries out a plan's moves through the move_pages wrapper (pagetier.core.mover)
 and records them in the PageState; asks the kernel for the nodes the profiler did not give.
 
-Per-page outcomes (the table in pagetier/core/mover.py): moved units are recorded (a move back
+Per-page outcomes (the table in pagetier/core/mover.py; a region unit is moved page by page and
+its outcome made of its pages', whose busy and failed ones are counted as pages): moved units are recorded (a move back
 within ``ping_pong_window`` intervals counts as a ping-pong), units whose pages are gone are
 collected to be forgotten, units that failed for good are marked stuck, and ENOMEM marks the
 node full and ends this interval's moves to it. A whole-call error of a target that exited is
@@ -115,11 +116,17 @@ class Executor:
         """One move_pages call's worth; "gone" (the target exited), "skip" (not this
         interval), "full" (ENOMEM) or None."""
         st = self.state
+        region = st.is_region(sel)
+        regions = bool(region.any())
         prepare = getattr(self.profiler, "prepare_move", None)
         if prepare is not None:  # e.g. kmod fault mode: marked pages made movable
-            prepare(pid, st.addresses(sel))
+            addrs = st.addresses(sel)
+            prepare(pid, mover_mod.page_addresses(addrs, region)[0] if regions else addrs)
         try:
-            res = self.mover.move(pid, st.addresses(sel), node)
+            if regions:
+                res = self.mover.move(pid, st.addresses(sel), node, region=region)
+            else:  # (stand-in movers of tests take no regions)
+                res = self.mover.move(pid, st.addresses(sel), node)
         except mover_mod.MoveError as e:
             gone = self.target_gone(pid, e)
             if gone is False:
@@ -128,15 +135,22 @@ class Executor:
         moved = sel[res.moved]
         last = st.last_move[moved]
         acc["ping_pongs"] += int(((last != NEVER) & (st.interval - last <= ping_pong_window)).sum())
-        pages = int(st.npages[moved].sum(dtype=np.int64))
-        acc["moved_pages"] += pages
-        acc["bytes_moved"] += pages * PAGE_SIZE
+        rp = getattr(res, "region_pages", None) or {}
+
+        def pages(which: np.ndarray, outcome: str) -> int:
+            """4 KiB pages of an outcome: the units' pages, a region's pages of that outcome."""
+            units = which[~region[which]] if regions else which
+            return int(st.npages[sel[units]].sum(dtype=np.int64)) + rp.get(outcome, 0)
+
+        moved_pages = pages(res.moved, "moved")
+        acc["moved_pages"] += moved_pages
+        acc["bytes_moved"] += moved_pages * PAGE_SIZE
         st.record_moves(moved, node)
         if hasattr(self.profiler, "moved"):  # the stub profiler follows moves in tests
             self.profiler.moved(pid, st.addresses(moved), node)
-        acc["busy"] += int(st.npages[sel[res.busy]].sum(dtype=np.int64))
-        acc["failed"] += int(st.npages[sel[res.failed]].sum(dtype=np.int64))
-        acc["nomem"] += int(st.npages[sel[res.nomem]].sum(dtype=np.int64))
+        acc["busy"] += pages(res.busy, "busy")
+        acc["failed"] += pages(res.failed, "failed")
+        acc["nomem"] += pages(res.nomem, "nomem")
         st.mark_stuck(sel[res.failed])
         acc["gone"] += len(res.gone)
         forget.append(sel[res.gone])

@@ -3,8 +3,11 @@
 One interval (:meth:`Daemon.step`):
 
 1. each target's counts (``profiler.read(pid, reset=True, accessed_only=...)``: the units
-   accessed since the last read, and every tracked unit at a target's first read and every
-   FULL_READ_EVERY intervals, which finds cold and unmapped units) merged into the PageState
+   accessed since the last read, and every tracked unit at a target's first read) merged into
+   the PageState. Cold and unmapped units are found by a complete read spread over
+   FULL_READ_EVERY intervals: each interval, before the counts, one part of the target's
+   address space (``profiler.read_part``) tells the state which units exist there (or, with a
+   profiler that cannot read parts, every tracked unit every FULL_READ_EVERY intervals),
    as rates (accesses/s over the time since the target's last read, or the profiler's own
    frequency estimate);
 2. units of unknown node looked up with ``mover.query_nodes``;
@@ -120,10 +123,13 @@ MOVE_TIME_SHARE = 2.0
 TOTALS = ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_pongs",
           "forced_demotions", "clipped", "deferred")
 # A read lists only the units accessed since the last one (READ_ACCESSED_ONLY: the cost follows
-# the accessed set); every FULL_READ_EVERY intervals, and at a target's first read, it lists
-# every unit the profiler tracks: that read finds the units that appeared cold (their node
-# counts against the budget) and those unmapped (absent from it: forgotten; a move that finds
-# a page gone forgets it sooner).
+# the accessed set); at a target's first read it lists every unit the profiler tracks. Every
+# interval one part of FULL_READ_EVERY of the target's address space is read completely
+# (Profiler.read_part): over FULL_READ_EVERY intervals that finds the units that appeared cold
+# (their node counts against the budget) and those unmapped (absent from their part:
+# forgotten; a move that finds a page gone forgets it sooner), at 1/FULL_READ_EVERY of the cost
+# each interval instead of all of it in one. A profiler that cannot read parts lists every unit
+# every FULL_READ_EVERY intervals instead.
 FULL_READ_EVERY = 16
 # a read with under this share of the units with an access rate of the last full read is
 # partial: the next read comes at the profiler's next period end
@@ -327,8 +333,16 @@ class Daemon:
 
     def read_target(self, pid: int) -> float:
         """Read ``pid``'s counts into the state and show them to the policy; the merge time."""
-        full = pid not in self.tracker.last_read or self.state.interval % FULL_READ_EVERY == 0
+        first = pid not in self.tracker.last_read
+        full = first or self.state.interval % FULL_READ_EVERY == 0
+        part = None
+        read_part = getattr(self.profiler, "read_part", None)
         try:
+            if not first and read_part is not None:  # one part of the complete read (None: the
+                # profiler cannot)
+                part = read_part(pid, self.state.interval % FULL_READ_EVERY, FULL_READ_EVERY)
+            if part is not None:
+                full = False
             sample = self.profiler.read(pid, reset=True, accessed_only=not full)
         except (PagetierError, OSError) as e:
             if not self.tracker.alive(pid):
@@ -345,6 +359,8 @@ class Daemon:
         elapsed = t_read - last_read.get(pid, t_read - self.cfg.interval)
         last_read[pid] = t_read
         t_merge = time.process_time()
+        if part is not None:
+            self.state.sync(part, trust_moves=self.trust_moves())
         self.state.update(sample, trust_moves=self.trust_moves(), interval_s=self.cfg.interval,
                           elapsed_s=max(elapsed, 1e-3), max_count=self._max_count(elapsed))
         merge_s = time.process_time() - t_merge

@@ -71,6 +71,20 @@ class Profiler(ABC):
     def read(self, pid: int, reset: bool = True, accessed_only: bool = False) -> Sample:
         """Counts since the last reset; ``reset`` starts a new interval."""
 
+    def read_part(self, pid: int, part: int, parts: int) -> Sample | None:
+        """A complete read of part ``part`` (0 <= part < parts) of ``pid``'s tracked address
+        space, without starting a new interval (no reset); None: this backend cannot (the
+        default), and the daemon reads everything now and then instead.
+
+        The Sample is ``complete`` and its ``span`` says which addresses ``[start, end)`` it
+        covers: it lists every unit starting there, with its node, npages and region flag (the
+        daemon takes no counts from it: the accessed-only reads bring those). The spans of
+        parts 0 .. parts-1 together cover every address (part 0 starting at 0, the last ending
+        at 1 << 64), so that a unit is seen once every ``parts`` reads however the layout
+        changes. The units are those of the backend's other reads (regions when it lists
+        regions)."""
+        return None
+
     def stats(self, pid: int) -> dict:
         return {}
 
@@ -93,6 +107,35 @@ class Profiler(ABC):
 
     def __exit__(self, *exc):
         self.close()
+
+
+def part_span(lo: int, hi: int, part: int, parts: int) -> tuple[int, int]:
+    """Span of part ``part`` of ``parts`` of the addresses ``[lo, hi)`` cut at 2 MiB
+    boundaries: about equal pieces, part 0 from address 0 and the last to 1 << 64 (see
+    :meth:`Profiler.read_part`)."""
+    if not 0 <= part < parts:
+        raise ValueError(f"part {part} of {parts}")
+    lo = lo // HUGE_SIZE
+    blocks = max(0, -(-hi // HUGE_SIZE) - lo)
+
+    def cut(k: int) -> int:
+        return (lo + blocks * k // parts) * HUGE_SIZE
+
+    start = 0 if part == 0 else cut(part)
+    end = 1 << 64 if part == parts - 1 else cut(part + 1)
+    return start, end
+
+
+def in_span(sample: Sample, span: tuple[int, int]) -> Sample:
+    """The units of ``sample`` starting in ``span``, as a complete sample of that span."""
+    start, end = span
+    a = sample.addr
+    lo = int(np.searchsorted(a, np.uint64(start))) if start > 0 else 0
+    hi = len(a) if end >= 1 << 64 else int(np.searchsorted(a, np.uint64(end)))
+    cut = lambda x: x[lo:hi] if len(x) == len(a) else x  # noqa: E731
+    return Sample(pid=sample.pid, addr=a[lo:hi], count=cut(sample.count), node=cut(sample.node),
+                  npages=cut(sample.npages), complete=True, freq=cut(sample.freq),
+                  region=cut(sample.region), span=(int(start), int(end)))
 
 
 # --- the same units from every backend -------------------------------------------------------
@@ -194,3 +237,42 @@ def huge_units(sample: Sample, blocks: np.ndarray, how: str = "sum") -> Sample:
         npages=cat(sample.npages, np.full(n, HUGE_PAGES, np.uint16)),
         complete=sample.complete,
         freq=cat(sample.freq, frq.astype(np.float32)) if has_freq else np.zeros(0, np.float32))
+
+
+def region_units(sample: Sample) -> Sample:
+    """``sample`` with its 4 KiB rows (npages 1) folded into one region unit per 2 MiB block
+    (npages 512, ``region`` True): counts and freq summed over the block's rows, its node the
+    one most of them are on. Units of 512 pages (huge mappings) stay as they are."""
+    if not len(sample):
+        return sample
+    small = sample.npages == 1
+    if not small.any():
+        return sample
+    base = sample.addr & ~np.uint64(HUGE_SIZE - 1)
+    ub, inv = np.unique(base[small], return_inverse=True)
+    inv = inv.reshape(-1)
+    n = len(ub)
+    cnt = np.bincount(inv, weights=sample.count[small].astype(np.float64), minlength=n)
+    has_freq = len(sample.freq) == len(sample)
+    frq = (np.bincount(inv, weights=sample.freq[small].astype(np.float64), minlength=n)
+           if has_freq else None)
+    nodes = sample.node[small].astype(np.int64)
+    if len(nodes) and (nodes == nodes[0]).all():
+        node = np.full(n, nodes[0], np.int16)
+    else:  # the most frequent node of each block (ties: the lower node)
+        span_ = int(nodes.max()) + 2
+        votes = np.bincount(inv * span_ + (nodes + 1), minlength=n * span_).reshape(n, span_)
+        node = (votes.argmax(axis=1) - 1).astype(np.int16)
+    keep = ~small
+    addr = np.concatenate([sample.addr[keep], ub])
+    order = np.argsort(addr, kind="stable")
+    cat = lambda a, b: np.concatenate([a[keep], b])[order]  # noqa: E731
+    region = np.concatenate([sample.regions()[keep], np.ones(n, bool)])[order]
+    return Sample(
+        pid=sample.pid, addr=addr[order],
+        count=cat(sample.count, np.minimum(cnt, 2**32 - 1).astype(np.uint32)),
+        node=cat(sample.node, node),
+        npages=cat(sample.npages, np.full(n, HUGE_PAGES, np.uint16)),
+        complete=sample.complete,
+        freq=cat(sample.freq, frq.astype(np.float32)) if has_freq else np.zeros(0, np.float32),
+        region=region, span=sample.span)

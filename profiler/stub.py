@@ -12,6 +12,13 @@ Frequency (``Sample.freq``, accesses per second): a Sample or a tuple's fifth el
 it through; without one, ``freq`` is derived from the count as ``count / interval_s`` when the
 stub is given ``interval_s``, and left empty otherwise (``Sample.rates`` then derives it).
 
+Granularity: ``"page"`` (the default) reports the units as given; ``"region"`` folds the 4 KiB
+units into region units, one per 2 MiB block (``profiler.base.region_units``), as pagetier.ko
+reports a large target.
+
+Parts: :meth:`StubProfiler.read_part` gives the units of one part of the address range of what
+it reports (``profiler.base.part_span``), without advancing to the next interval.
+
 Nodes: the daemon records its moves in its own PageState; set ``track_moves=True`` and give the
 stub to the stub mover (tests) to have reported nodes follow the moves, or ``query=True`` to ask
 the kernel (mover.query_nodes) for a real pid's pages.
@@ -22,7 +29,11 @@ from typing import Callable
 
 import numpy as np
 
-from pagetier.profiler.base import PAGE_SIZE, Profiler, Sample, register
+from pagetier.errors import ConfigError
+from pagetier.profiler.base import (PAGE_SIZE, Profiler, Sample, in_span, part_span, region_units,
+                                    register)
+
+GRANULARITIES = ("page", "region")
 
 
 def as_sample(pid: int, entry) -> Sample:
@@ -44,7 +55,11 @@ class StubProfiler(Profiler):
     def __init__(self, source: Callable | None = None, intervals: list | None = None,
                  units: int = 0, hot: int = 0, hot_count: int = 10, node: int = 1,
                  base: int = 0x7f0000000000, query: bool = False, track_moves: bool = False,
-                 interval_s: float = 0.0):
+                 interval_s: float = 0.0, granularity: str = "page"):
+        if granularity not in GRANULARITIES:
+            raise ConfigError(f"stub profiler: granularity {granularity!r} (known: "
+                              f"{', '.join(GRANULARITIES)})")
+        self.granularity = granularity
         self.source = source
         self.intervals = intervals
         self.units, self.hot, self.hot_count = int(units), int(hot), int(hot_count)
@@ -57,6 +72,7 @@ class StubProfiler(Profiler):
         self.default_node = int(node)
         self.interval_s = float(interval_s)
         self.closed = False
+        self._parted: dict[int, tuple] = {}  # pid -> (interval, entry) of the last read_part
 
     def attach(self, pid: int) -> None:
         self.attached.setdefault(pid, 0)
@@ -77,15 +93,27 @@ class StubProfiler(Profiler):
         count[: self.hot] = self.hot_count
         return (addr, count, self.default_node, 1)
 
-    def read(self, pid: int, reset: bool = True, accessed_only: bool = False) -> Sample:
-        if pid not in self.attached:
-            raise ProcessLookupError(f"stub profiler: pid {pid} is not attached")
-        i = self.attached[pid]
-        if reset:
-            self.attached[pid] = i + 1
-        s = as_sample(pid, self._entry(pid, i))
+    def _sample(self, pid: int, i: int, part: tuple[int, int] | None = None) -> Sample:
+        """Interval ``i``'s sample of ``pid``, at the stub's granularity, nodes filled in;
+        ``part`` (part, parts): only the units of that part (see :meth:`read_part`)."""
+        cached = self._parted.pop(pid, None)
+        entry = cached[1] if cached is not None and cached[0] == i else self._entry(pid, i)
+        if part is not None:  # the read that follows takes the same entry: one source call
+            self._parted[pid] = (i, entry)
+        s = as_sample(pid, entry)
+        if self.granularity == "region":
+            s = region_units(s)
         if self.interval_s > 0 and len(s.freq) != len(s):
             s.freq = s.rates(self.interval_s)
+        if part is not None:
+            if len(s) > 1 and not (s.addr[1:] > s.addr[:-1]).all():
+                order = np.argsort(s.addr, kind="stable")
+                pick = lambda x: x[order] if len(x) == len(order) else x  # noqa: E731
+                s = Sample(s.pid, s.addr[order], pick(s.count), pick(s.node), pick(s.npages),
+                           freq=pick(s.freq), region=pick(s.region))
+            lo = int(s.addr[0]) if len(s) else 0
+            hi = int(s.addr[-1]) + int(s.npages[-1]) * PAGE_SIZE if len(s) else 0
+            s = in_span(s, part_span(lo, hi, *part))
         if self.query and len(s):
             from pagetier.core import mover
 
@@ -93,11 +121,28 @@ class StubProfiler(Profiler):
         elif self.track_moves and pid in self.nodes:
             known = self.nodes[pid]
             s.node = np.array([known.get(int(a), int(n)) for a, n in zip(s.addr, s.node)], np.int16)
+        return s
+
+    def read(self, pid: int, reset: bool = True, accessed_only: bool = False) -> Sample:
+        if pid not in self.attached:
+            raise ProcessLookupError(f"stub profiler: pid {pid} is not attached")
+        i = self.attached[pid]
+        if reset:
+            self.attached[pid] = i + 1
+        s = self._sample(pid, i)
         if accessed_only:
             keep = s.count > 0
-            s = Sample(pid, s.addr[keep], s.count[keep], s.node[keep], s.npages[keep], complete=False,
-                       freq=s.freq[keep] if len(s.freq) == len(keep) else np.zeros(0, np.float32))
+            cut = lambda x: x[keep] if len(x) == len(keep) else x  # noqa: E731
+            s = Sample(s.pid, s.addr[keep], s.count[keep], s.node[keep], s.npages[keep],
+                       complete=False, freq=cut(s.freq), region=cut(s.region))
         return s
+
+    def read_part(self, pid: int, part: int, parts: int) -> Sample:
+        """Part ``part`` of ``parts`` of what the next read would list (no reset): the units
+        starting in that part of the span from the lowest unit to the end of the highest."""
+        if pid not in self.attached:
+            raise ProcessLookupError(f"stub profiler: pid {pid} is not attached")
+        return self._sample(pid, self.attached[pid], (part, parts))
 
     def moved(self, pid: int, addrs: np.ndarray, node: int) -> None:
         """Called by the test mover: later reads report ``node`` for these units."""

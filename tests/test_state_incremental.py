@@ -239,8 +239,8 @@ def test_merge_shortcuts_equal_the_plain_lookup(seed, estimates):
     def no_recent_no_slice(st):
         forget_absent = st._forget_absent
 
-        def forget_then_look_up(t, addr):
-            forget_absent(t, addr)
+        def forget_then_look_up(t, addr, span=None):
+            forget_absent(t, addr, span)
             return None
         st._forget_absent = forget_then_look_up
 

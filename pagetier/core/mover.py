@@ -2,7 +2,9 @@
 
 Every page migration pagetier makes goes through :func:`move` (and every node query through
 :func:`query_nodes`). A unit is passed as its start address: the kernel migrates the folio that
-backs it, so a 2 MiB THP unit moves as one huge page.
+backs it, so a 2 MiB THP unit moves as one huge page. A *region* unit (2 MiB of separately
+mapped 4 KiB pages, ``region`` True) is passed as its 512 page addresses, and its outcome is
+made of theirs (below).
 
 Per-page results, as the kernel reports them in ``status`` (mm/migrate.c, do_pages_move):
 
@@ -16,6 +18,13 @@ the destination node      moved       record the move
 -EACCES (shared page)     failed      count it; MPOL_MF_MOVE moves only private pages
 anything else             failed      count it
 ========================  ==========  =============================================
+
+A region's pages that are -ENOENT or -EFAULT are absent (never touched, or unmapped holes), not
+a gone unit: the region is ``gone`` only when all 512 are. It is ``moved`` when every present
+page reached the node, but those that failed for good (shared pages: moving the region again
+would not move them), with at least one page there; ``nomem`` when a page met ENOMEM or was not
+tried, else ``busy`` when a page was busy, else ``failed``. :attr:`MoveResult.region_pages`
+counts the region units' pages per outcome (``absent`` for the holes).
 
 When the kernel gives up on a batch part way (it then returns the number of pages it did not
 move), the pages it never reached keep the status we pre-filled and count as ``busy``.
@@ -33,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagetier.core.units import PAGE_SIZE  # noqa: F401  (callers size their buffers with it)
+from pagetier.core.units import HUGE_PAGES, PAGE_SIZE  # callers size their buffers with PAGE_SIZE
 from pagetier.errors import PagetierError, Unavailable
 
 MPOL_MF_MOVE = 1 << 1  # move pages owned only by this process
@@ -136,6 +145,9 @@ class MoveResult:
     stopped: bool = False  # True when ENOMEM made us stop this round
     errors: dict = field(default_factory=dict)  # errno name -> pages
     calls: int = 0
+    # 4 KiB pages of the region units per page outcome: moved (on the node after the call),
+    # busy, failed, nomem (incl. not tried), absent (-ENOENT/-EFAULT); empty without regions
+    region_pages: dict = field(default_factory=dict)
 
 
 def classify(status: np.ndarray, node: int, offset: int = 0) -> dict[str, np.ndarray]:
@@ -150,14 +162,29 @@ def classify(status: np.ndarray, node: int, offset: int = 0) -> dict[str, np.nda
             "failed": idx[failed]}
 
 
+def page_addresses(addrs: np.ndarray, region: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the page addresses to pass to move_pages: a unit's start address, or a region's 512
+    page addresses; the unit of each)."""
+    reps = np.where(region, HUGE_PAGES, 1)
+    owner = np.repeat(np.arange(len(addrs), dtype=np.int64), reps)
+    starts = np.cumsum(reps) - reps
+    offset = np.arange(len(owner), dtype=np.int64) - starts[owner]
+    return addrs[owner] + offset.astype(np.uint64) * np.uint64(PAGE_SIZE), owner
+
+
 def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
-         batch: int = BATCH) -> MoveResult:
-    """Move the units starting at ``addrs`` of process ``pid`` to ``node``, ``batch`` per call.
+         batch: int = BATCH, region: np.ndarray | None = None) -> MoveResult:
+    """Move the units starting at ``addrs`` of process ``pid`` to ``node``, ``batch`` pages
+    per call. ``region``: which units are regions (bool; None: none), moved page by page.
 
     Stops after the batch in which a page failed with ENOMEM (the rest count as ``nomem``).
     Raises MoveError for whole-call failures (see the module docstring).
     """
     addrs = np.ascontiguousarray(addrs, np.uint64)
+    n_units = len(addrs)
+    owner = None
+    if region is not None and len(region) and np.asarray(region, bool).any():
+        addrs, owner = page_addresses(addrs, np.asarray(region, bool))
     n = len(addrs)
     status = np.full(n, _NOT_REACHED, np.int32)
     nodes = np.full(min(n, batch), node, np.int32)
@@ -177,13 +204,36 @@ def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
         if nomem:
             res.stopped = True
             break
-    for k, v in classify(status[:s], node).items():
-        setattr(res, k, v)
+    pages = classify(status[:s], node)
     if s < n:
-        res.nomem = np.concatenate([res.nomem, np.arange(s, n, dtype=np.int64)])
+        pages["nomem"] = np.concatenate([pages["nomem"], np.arange(s, n, dtype=np.int64)])
+    if owner is None:
+        for k, v in pages.items():
+            setattr(res, k, v)
+    else:
+        _region_outcomes(res, pages, owner, region, n_units)
     done = status[:s]
     for code in np.unique(done[(done < 0) & (done != _NOT_REACHED)]):
         res.errors[errno.errorcode.get(-int(code), str(-int(code)))] = int((done == code).sum())
     if (done == _NOT_REACHED).any():
         res.errors["not reached"] = int((done == _NOT_REACHED).sum())
     return res
+
+
+def _region_outcomes(res: MoveResult, pages: dict, owner: np.ndarray, region: np.ndarray,
+                     n_units: int) -> None:
+    """Units' outcomes from their pages' (``pages``: outcome -> page indices; ``owner``: the
+    unit of each page), by the rules in the module docstring; a unit of one page takes its
+    page's outcome."""
+    per = {k: np.bincount(owner[v], minlength=n_units) for k, v in pages.items()}
+    total = np.bincount(owner, minlength=n_units)
+    gone = per["gone"] == total
+    nomem = ~gone & (per["nomem"] > 0)
+    busy = ~gone & ~nomem & (per["busy"] > 0)
+    moved = ~gone & ~nomem & ~busy & (per["moved"] > 0)
+    failed = ~(gone | nomem | busy | moved)
+    for k, m in (("moved", moved), ("busy", busy), ("gone", gone), ("nomem", nomem),
+                 ("failed", failed)):
+        setattr(res, k, np.flatnonzero(m).astype(np.int64))
+    reg = np.asarray(region, bool)
+    res.region_pages = {("absent" if k == "gone" else k): int(per[k][reg].sum()) for k in per}

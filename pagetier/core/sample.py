@@ -1,5 +1,6 @@
 """What a profiler hands the daemon, the simulator and the trace files: one interval's access
-counts of one process, per unit (a 4 KiB page or a 2 MiB huge mapping)."""
+counts of one process, per unit (a 4 KiB page, a 2 MiB huge mapping, or a region: 2 MiB of
+separately mapped 4 KiB pages)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,6 +17,14 @@ class Sample:
     freq: estimated accesses per second of the unit over the interval (float32), the one
     frequency signal every backend maps to (0: not accessed). Empty when a backend gives no
     estimate: use :meth:`rates` rather than reading it directly.
+
+    region: which units are regions (bool), or empty when none is. A region is 2 MiB of
+    separately mapped 4 KiB pages (``addr`` 2 MiB aligned, ``npages`` 512), its count and freq
+    summed over its pages and its node that of most of them; it is moved page by page. A unit
+    of 512 pages that is not a region is one huge mapping, moved by its start address.
+
+    span: for a complete sample, the addresses ``[start, end)`` whose units it lists, all of
+    them (a unit is inside when its start address is); None: the whole address space.
     """
 
     pid: int
@@ -25,9 +34,17 @@ class Sample:
     npages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint16))
     complete: bool = True  # False when only accessed units are listed
     freq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    region: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    span: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.addr)
+
+    def regions(self) -> np.ndarray:
+        """Which units are regions (bool, one per unit; all False when ``region`` is empty)."""
+        if len(self.region) == len(self.addr):
+            return self.region.astype(bool, copy=False)
+        return np.zeros(len(self.addr), bool)
 
     def rates(self, interval_s: float) -> np.ndarray:
         """Estimated accesses per second per unit: ``freq`` when the backend estimated it, else

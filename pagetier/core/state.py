@@ -1,7 +1,9 @@
 """Per-page state the daemon keeps, as numpy arrays (36 bytes per tracked unit, plus 8 for a
 sorted key index).
 
-A unit is a 4 KiB page or a 2 MiB huge mapping (npages 512). Units are kept sorted by
+A unit is a 4 KiB page, a 2 MiB huge mapping (npages 512), or a region: 2 MiB of separately
+mapped 4 KiB pages (npages 512, flag F_REGION; its rate is summed over its pages, and it is
+moved page by page). Units are kept sorted by
 ``key = (target << 48) | (addr >> 12)`` so that merging an interval's sample is a
 searchsorted, not a Python loop.
 
@@ -38,6 +40,10 @@ Cost per interval: what the interval's samples hold, not what is tracked.
   in place (one copy of the arrays when a sample brings new units). A *complete* sample (every
   unit the profiler tracks) also forgets the target's units it lacks (unmapped): that costs
   the target's units, and a reader takes complete samples only now and then (daemon/loop.py).
+  A complete sample of a span of addresses (``Sample.span``: one part of the address space)
+  forgets the target's units in that span only; :meth:`PageState.sync` takes one for the units
+  it lists (which exist, their nodes and sizes) without their counts, so a reader can take one
+  part each interval and spread the cost of finding unmapped units.
 - Pages per node (and the unmovable ones) are counted as units are added, moved, re-noded
   and forgotten: :meth:`pages_on` is O(1).
 - :meth:`hotter_than` gives the candidates a policy ranks (heat at least x) from a kept set,
@@ -61,6 +67,7 @@ NEVER = np.iinfo(np.int32).min
 F_STUCK = 2  # its last move failed for good (e.g. -EACCES: a page shared with another process)
 F_UNMOVABLE = 4  # a move failed for good and none has succeeded since: outside the fast budget
 F_CAND = 8  # in the candidate set (see hotter_than); meaningless while there is none
+F_REGION = 16  # a region: 2 MiB of separately mapped 4 KiB pages, moved page by page
 
 DTYPE = np.dtype(
     [
@@ -82,6 +89,7 @@ assert DTYPE.itemsize == 36
 POOL_MIN = 65536  # units a pool of a node's coldest units keeps at least (see coldest)
 MIN_SCALE = 2.0 ** -64  # renormalise heat when the global scale falls below this
 _NODES = 129  # node -1 (unknown) .. 127, counted at node + 1
+_TOP = 1 << 64  # a span's end that means "to the end of the address space"
 
 
 def unit_keys(target: int | np.ndarray, addr: np.ndarray) -> np.ndarray:
@@ -522,42 +530,96 @@ class PageState:
 
         node = pick(sample.node)
         npages = pick(sample.npages)
+        region = pick(sample.region) if len(sample.region) == len(sample.addr) else None
         if self._touched is None:
             self.touched()
 
-        same = self._forget_absent(t, addr) if sample.complete else None
+        same = self._forget_absent(t, addr, sample.span) if sample.complete else None
         if same is not None:  # the target's units, exactly (the usual complete read)
             # mostly cold units: rates of the accessed ones only
             acc = np.flatnonzero((count > 0) | (freq > 0)) if has_freq else np.flatnonzero(count)
-            self._merge_rows(same, acc, count[acc], rates(acc), node, npages, trust_moves)
+            self._merge_rows(same, acc, count[acc], rates(acc), node, npages, region, trust_moves)
             return
         rate = rates()
         keys = unit_keys(t, addr)
         pos, found = self._lookup(keys)
-        a = self._a
         # existing units
         idx = pos[found]
-        f_count, f_rate, f_node, f_pages = count[found], rate[found], node[found], npages[found]
+        f_count, f_rate = count[found], rate[found]
         if len(idx):
-            diff = np.flatnonzero((a["node"][idx] != f_node) | (a["npages"][idx] != f_pages))
-            self._take_nodes(idx[diff], f_node[diff], f_pages[diff], trust_moves)
+            self._take_changed(idx, node[found], npages[found],
+                               None if region is None else region[found], trust_moves)
             hit = (f_count > 0) | (f_rate > 0)
             self._add_accesses(idx[hit], f_count[hit], f_rate[hit])
         # new units
         new = ~found
         if new.any():
-            n = np.zeros(int(new.sum()), DTYPE)
-            n["addr"] = addr[new]
-            n["count"] = count[new]
-            n["rate"] = rate[new]
-            n["heat"] = rate[new] / np.float32(self.scale)
-            hit = (count[new] > 0) | (rate[new] > 0)
-            n["last_access"] = np.where(hit, self.interval, NEVER)
-            n["last_move"] = NEVER
-            n["target"] = t
-            n["npages"] = npages[new]
-            n["node"] = node[new]
-            self._insert(pos[new], n, keys[new], hit)
+            self._add_units(t, pos[new], keys[new], addr[new], count[new], rate[new], node[new],
+                            npages[new], None if region is None else region[new])
+
+    def sync(self, sample: Sample, trust_moves: int = 0) -> None:
+        """Take a complete sample of part of a target's address space (``sample.span``; None:
+        all of it) for which units exist, their nodes and sizes, without its counts: the
+        target's units in the span that it lacks are forgotten (unmapped), those it adds are
+        new and cold, and nodes and sizes follow it (but see ``trust_moves`` in
+        :meth:`update`). Costs the units of the span."""
+        t = self.target_index(sample.pid)
+        addr = sample.addr.astype(np.uint64, copy=False)
+        order = None
+        if len(addr) > 1 and not (addr[1:] > addr[:-1]).all():
+            order = np.argsort(addr, kind="stable")
+        pick = (lambda x: x) if order is None else (lambda x: x[order])  # noqa: E731
+        addr, node, npages = pick(addr), pick(sample.node), pick(sample.npages)
+        region = pick(sample.region) if len(sample.region) == len(sample.addr) else None
+        if self._touched is None:
+            self.touched()
+        same = self._forget_absent(t, addr, sample.span)
+        if same is not None:
+            self._take_changed(same + np.arange(len(addr)), node, npages, region, trust_moves)
+            return
+        keys = unit_keys(t, addr)
+        pos, found = _find(self.keys(), keys)
+        if found.any():
+            self._take_changed(pos[found], node[found], npages[found],
+                               None if region is None else region[found], trust_moves)
+        new = ~found
+        if new.any():
+            n = int(new.sum())
+            self._add_units(t, pos[new], keys[new], addr[new], np.zeros(n, np.uint32),
+                            np.zeros(n, np.float32), node[new], npages[new],
+                            None if region is None else region[new])
+
+    def _add_units(self, t: int, pos: np.ndarray, keys: np.ndarray, addr: np.ndarray,
+                   count: np.ndarray, rate: np.ndarray, node: np.ndarray, npages: np.ndarray,
+                   region: np.ndarray | None) -> None:
+        """New units of target ``t`` (sorted; ``pos``: where they go in the old rows)."""
+        n = np.zeros(len(addr), DTYPE)
+        n["addr"] = addr
+        n["count"] = count
+        n["rate"] = rate
+        n["heat"] = rate / np.float32(self.scale)
+        hit = (count > 0) | (rate > 0)
+        n["last_access"] = np.where(hit, self.interval, NEVER)
+        n["last_move"] = NEVER
+        n["target"] = t
+        n["npages"] = npages
+        n["node"] = node
+        if region is not None:
+            n["flags"] = np.where(region, np.uint8(F_REGION), np.uint8(0))
+        self._insert(pos, n, keys, hit)
+
+    def _take_changed(self, idx: np.ndarray, node: np.ndarray, npages: np.ndarray,
+                      region: np.ndarray | None, trust_moves: int) -> None:
+        """Existing units ``idx`` (sorted unique) as a sample shows them: those whose node,
+        size or (when the sample says, ``region`` not None) region flag differ take them."""
+        a = self._a
+        ch = (a["node"][idx] != node) | (a["npages"][idx] != npages)
+        if region is not None:
+            ch |= ((a["flags"][idx] & F_REGION) != 0) != region
+        diff = np.flatnonzero(ch)
+        if len(diff):
+            self._take_nodes(idx[diff], node[diff], npages[diff], trust_moves,
+                             None if region is None else region[diff])
 
     def _lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index of each key's unit, or where it would be inserted; whether it is there) for
@@ -577,33 +639,46 @@ class PageState:
         return pos, found
 
     def _merge_rows(self, lo: int, acc: np.ndarray, count: np.ndarray, rate: np.ndarray,
-                    node: np.ndarray, npages: np.ndarray, trust_moves: int) -> None:
+                    node: np.ndarray, npages: np.ndarray, region: np.ndarray | None,
+                    trust_moves: int) -> None:
         """Merge a complete sample whose units are exactly rows ``lo .. lo + len(node)``: the
         same as :meth:`update`'s lookup path, on a slice (no index arrays of every unit).
         ``acc``: the units with a count or an estimate (sorted), ``count`` and ``rate`` theirs."""
         a = self._a[lo:lo + len(node)]  # a view
-        diff = np.flatnonzero((a["node"] != node) | (a["npages"] != npages))
-        self._take_nodes(lo + diff, node[diff], npages[diff], trust_moves)
+        ch = (a["node"] != node) | (a["npages"] != npages)
+        if region is not None:
+            ch |= ((a["flags"] & F_REGION) != 0) != region
+        diff = np.flatnonzero(ch)
+        self._take_nodes(lo + diff, node[diff], npages[diff], trust_moves,
+                         None if region is None else region[diff])
         hit = (count > 0) | (rate > 0)
         self._add_accesses(lo + acc[hit], count[hit], rate[hit])
 
     def _take_nodes(self, idx: np.ndarray, node: np.ndarray, npages: np.ndarray,
-                    trust_moves: int) -> None:
+                    trust_moves: int, region: np.ndarray | None = None) -> None:
         """Units ``idx`` (sorted unique), whose node or size in a sample (``node``, ``npages``)
         differs from the state's, take the sample's; but a unit moved within the last
         ``trust_moves`` intervals keeps the node the daemon recorded (the profiler may have
-        looked before the move)."""
+        looked before the move). ``region``: the units' region flags in the sample (None:
+        not a region unless one of 512 pages that was)."""
         a = self._a
         if trust_moves > 0 and len(idx):
             recent = (self.interval - a["last_move"][idx].astype(np.int64)) < trust_moves
             node = np.where(recent, a["node"][idx], node)
             keep = (a["node"][idx] != node) | (a["npages"][idx] != npages)
+            if region is not None:
+                keep |= ((a["flags"][idx] & F_REGION) != 0) != region
+                region = region[keep]
             idx, node, npages = idx[keep], node[keep], npages[keep]
         if not len(idx):
             return
         self._account(idx, -1)
         a["node"][idx] = node
         a["npages"][idx] = npages
+        if region is None:
+            region = (npages > 1) & ((a["flags"][idx] & F_REGION) != 0)
+        f = a["flags"][idx] & np.uint8(~F_REGION & 0xFF)
+        a["flags"][idx] = f | np.where(region, np.uint8(F_REGION), np.uint8(0))
         self._account(idx, 1)
         self._pool_join(idx)
 
@@ -643,14 +718,25 @@ class PageState:
         self._account(new_idx, 1)
         self._pool_join(new_idx)
 
-    def _forget_absent(self, t: int, addr: np.ndarray) -> int | None:
-        """Forget target ``t``'s units whose addresses are not in ``addr`` (sorted). Returns
-        the index of the target's first unit when its units are exactly ``addr``, else None."""
+    def _span_rows(self, t: int, span: tuple[int, int] | None) -> tuple[int, int]:
+        """Rows ``[lo, hi)`` of target ``t``'s units starting in ``span`` (None: all)."""
         k = self.keys()
-        lo = int(np.searchsorted(k, np.uint64(t) << np.uint64(48)))
-        hi = int(np.searchsorted(k, np.uint64(t + 1) << np.uint64(48)))
+        base = np.uint64(t) << np.uint64(48)
+        top = np.uint64(t + 1) << np.uint64(48)
+        start, end = (0, _TOP) if span is None else span
+        klo = base + np.uint64(min(int(start) >> 12, (1 << 48) - 1)) if start > 0 else base
+        khi = top if end >= 1 << 60 else base + np.uint64(int(end) >> 12)
+        return int(np.searchsorted(k, klo)), int(np.searchsorted(k, khi))
+
+    def _forget_absent(self, t: int, addr: np.ndarray,
+                       span: tuple[int, int] | None = None) -> int | None:
+        """Forget target ``t``'s units in ``span`` (None: all of them) whose addresses are not
+        in ``addr`` (sorted). Returns the index of the first of them when they are exactly
+        ``addr``, else None."""
+        lo, hi = self._span_rows(t, span)
         if hi - lo == len(addr) and np.array_equal(self._a["addr"][lo:hi], addr):
             return lo  # nothing unmapped, nothing new (the usual case): one comparison
+        k = self.keys()
         keys = unit_keys(t, addr)
         mine = k[lo:hi]
         if not len(keys):
@@ -724,6 +810,10 @@ class PageState:
         self._pool_join(idx)
         a["last_move"][idx] = self.interval
         a["moves"][idx] = np.minimum(a["moves"][idx].astype(np.int64) + 1, 65535)
+
+    def is_region(self, idx: np.ndarray) -> np.ndarray:
+        """Boolean: which of units ``idx`` are regions (moved page by page)."""
+        return (self._a["flags"][idx] & F_REGION) != 0
 
     def addresses(self, idx: np.ndarray) -> np.ndarray:
         return self._a["addr"][idx]
