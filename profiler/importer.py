@@ -171,6 +171,10 @@ def import_samples(src: str, out: str, interval_s: float = 1.0, page_size: int =
     addr = _addresses(addr_col, src)
     pid_col, pid_name = _find(df, "pid", src, False, given.get("pid"))
     node_col, node_name = _find(df, "node", src, False, given.get("node"))
+    if len(df) == 0:
+        cols = ", ".join(map(str, df.columns))
+        raise ConfigError(f"{src}: no samples: the file has its columns ({cols}) but no rows; "
+                          "export the samples too (one row per sampled access)")
     try:
         ts = ts_col.to_numpy().astype(np.float64)
     except (ValueError, TypeError):

@@ -14,8 +14,39 @@ import click
 
 from pagetier.bench import live, sim
 from pagetier.checkout import in_guest as in_guest_env
+from pagetier.cli import check_output, resolve_trace
 from pagetier.errors import ConfigError
 from pagetier.policies.simulate import PRESETS
+
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what matplotlib writes from the name alone
+
+
+def capacity_list(text: str, option: str = "--capacity", sizes: bool = True) -> list[str]:
+    """The capacities of ``text`` ("10%,25%" or, with ``sizes``, "64M"), checked before any
+    trace is loaded: a share of the footprint is 0-100%."""
+    from pagetier.core.units import parse_size
+
+    right = "a % of each trace's footprint (e.g. 25%)" + (" or a size (e.g. 64M)" if sizes else "")
+    caps = sim.split_list(text)
+    if not caps:
+        raise ConfigError(f"{option} {text!r}: give {right}")
+    for c in caps:
+        if c.endswith("%"):
+            try:
+                share = float(c[:-1])
+            except ValueError:
+                raise ConfigError(f"{option} {c!r}: give {right}") from None
+            if not 0 <= share <= 100:
+                raise ConfigError(f"{option} {c!r}: a share of the footprint is 0-100%")
+        elif not sizes:
+            raise ConfigError(f"{option} {c!r}: give {right}")
+        else:
+            try:
+                parse_size(c)
+            except ConfigError:
+                raise ConfigError(f"{option} {c!r}: give {right}") from None
+    return caps
 
 
 def cost_options(f):
@@ -95,8 +126,13 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
       pagetier bench sim synth:phased --policies heuristic,rl --rl-model rl.npz --json
     """
     pols = sim.split_list(policies)
+    if not pols:
+        raise ConfigError(f"--policies {policies!r}: name at least one policy")
     if "rl" in pols and not rl_model:
         raise click.UsageError("policy rl needs --rl-model PATH")
+    if rl_model and not Path(rl_model).is_file():
+        raise ConfigError(f"--rl-model {rl_model}: no such model file (train one with "
+                          "`pagetier train-rl`)")
     from pagetier.policies.base import known
 
     if "rl" in pols:
@@ -106,7 +142,9 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
             raise click.UsageError(f"unknown policy {p!r} (known: {', '.join(known())})")
     cost = sim.cost_of_options(preset, fast_ns, slow_ns, migrate_us, migrate_mb_s,
                                accesses_per_count, cost_file)
-    caps = sim.split_list(capacities)
+    caps = capacity_list(capacities)
+    if plot_path:
+        check_output(plot_path, "-o", PLOT_SUFFIXES)
     if not traces:
         from pagetier.policies import builtin_traces
 
@@ -144,19 +182,26 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
 @command.command("traces")
 @click.option("--json", "as_json", is_flag=True, help="Print the index as JSON.")
 def bench_traces(as_json):
-    """List the built-in trace set (real programs recorded in the test VM).
+    """List the built-in trace set (real programs recorded in the test VM). Each is taken as
+    builtin:NAME wherever a trace is (bench sim, train-rl, report, heatmap).
 
     \b
     Examples:
       pagetier bench traces
       pagetier bench sim builtin:redis builtin:torch-mlp
+      pagetier report builtin:sqlite
+      pagetier heatmap builtin:zstd --ascii
     """
     from pagetier.policies import builtin_traces
 
     if as_json:
-        click.echo(json.dumps(builtin_traces.index(), indent=1))
+        click.echo(json.dumps({n: {**d, "spec": f"builtin:{n}",
+                                   "path": str(builtin_traces.path(n))}
+                               for n, d in builtin_traces.index().items()}, indent=1))
     else:
         click.echo(builtin_traces.table())
+        click.echo(f"give one as builtin:NAME (pagetier report builtin:{builtin_traces.names()[0]}"
+                   f"); the files are in {builtin_traces.TRACE_DIR}")
 
 
 @command.command("costmodel", context_settings={"ignore_unknown_options": True})
@@ -191,7 +236,8 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
     from pagetier.policies import costmodel
     from pagetier.profiler.trace import read_trace
 
-    tr = read_trace(trace_path)
+    check_output(output, "-o")
+    tr = read_trace(resolve_trace(trace_path))
     counts, seconds = costmodel.trace_rate(tr)
     with click.progressbar(length=2 * repeat, label="timing runs", file=sys.stderr) as bar:
         m = costmodel.measure(list(cmd), fast_node, slow_node,
@@ -256,6 +302,8 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
       pagetier bench live --quick --json
       pagetier bench live --scenarios noise1000,fuller --baselines kernel --repeat 3
     """
+    if output:
+        check_output(output, "-o")
     if list_only:
         for s in live.scenarios().values():
             click.echo(f"{s.name:<16} {s.family:<7} {s.describe()}"

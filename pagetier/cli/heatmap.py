@@ -5,14 +5,16 @@ import json
 
 import click
 
+from pagetier.cli import check_output, resolve_trace
 from pagetier.errors import ConfigError
 from pagetier.profiler.heatmap import (ASCII_WIDTH, METRICS, ascii_heatmap, heat, png_heatmap,
                                        title_of)
 
 
 @click.command("heatmap")
-@click.argument("trace_file", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="PNG file to write")
+@click.argument("trace_file", metavar="TRACE")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="image to write: .png, .svg or .pdf")
 @click.option("--ascii", "as_ascii", is_flag=True, help="print the heatmap in the terminal")
 @click.option("--pid", type=int, help="which process of the trace (default: the first)")
 @click.option("--rows", type=click.IntRange(2, 4096), help="address rows (PNG 256, ASCII 20)")
@@ -36,8 +38,10 @@ def command(trace_file, output, as_ascii, pid, rows, cols, gap, metric, as_json)
 
     if not (output or as_ascii or as_json):
         raise ConfigError("heatmap: give -o FILE.png, --ascii or --json")
+    if output:
+        check_output(output, "-o", IMAGE_SUFFIXES)
     gap_b = _size(gap)
-    trace = read_trace(trace_file)
+    trace = read_trace(resolve_trace(trace_file))
     if as_ascii or as_json:
         width_cols = ASCII_WIDTH - 16
         h = heat(trace, pid, rows=rows or 20, cols=min(cols or width_cols, width_cols), gap=gap_b,
@@ -52,6 +56,9 @@ def command(trace_file, output, as_ascii, pid, rows, cols, gap, metric, as_json)
         if not as_json:
             click.echo(f"wrote {output}: {h.matrix.shape[1]} time columns x "
                        f"{h.matrix.shape[0]} address rows, {len(h.segments)} segment(s)")
+
+
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")  # what matplotlib writes from the name alone
 
 
 def _size(text: str) -> int:

@@ -3,10 +3,17 @@ from __future__ import annotations
 
 import json
 import platform
+from pathlib import Path
 
 import click
 
+from pagetier.errors import ConfigError, PagetierError, Unavailable
 from pagetier.profiler import kmod
+
+
+def build_tree(release: str) -> Path:
+    """Where a kernel's build tree (its headers and Makefiles) is, for `make -C kmod`."""
+    return Path("/lib/modules") / release / "build"
 
 
 @click.group("kmod")
@@ -21,6 +28,15 @@ def load(ko):
 
     Without a build in the checkout, the module installed for this kernel (DKMS) is loaded
     with modprobe."""
+    release = platform.release()
+    if ko and not Path(ko).exists():
+        raise ConfigError(f"--ko {ko}: no such file (a pagetier.ko built for {release})")
+    if (not ko and not kmod.is_loaded() and not kmod.module_path().exists()
+            and kmod.installed_path() is None and not build_tree(release).is_dir()):
+        raise Unavailable(f"no pagetier.ko for kernel {release}: none built in this checkout, none "
+                          f"installed, and this kernel has no build tree ({build_tree(release)}) "
+                          f"to build one: install its headers (linux-headers-{release}) and run "
+                          "`make -C kmod`, or install it with DKMS (README.md)")
     kmod.load_module(ko)
     click.echo(f"pagetier.ko {(kmod.SYSFS / 'version').read_text().strip()} loaded "
                f"on {platform.release()}")
@@ -28,7 +44,11 @@ def load(ko):
 
 @command.command("unload")
 def unload():
-    """Remove pagetier.ko; every target is detached and its pages made accessible again."""
+    """Remove pagetier.ko; every target is detached and its pages made accessible again.
+    Like rmmod, it is an error when the module is not loaded."""
+    if not kmod.is_loaded():
+        raise PagetierError("pagetier.ko is not loaded: nothing to unload "
+                            "(`pagetier kmod status` shows the module's state)")
     kmod.unload_module()
     click.echo("pagetier.ko unloaded")
 

@@ -8,6 +8,7 @@ import subprocess
 
 import click
 
+from pagetier.cli import check_output, check_profiler_options
 from pagetier.errors import ConfigError, PagetierError
 from pagetier.profiler.base import create
 from pagetier.profiler.record import Progress, record_trace
@@ -72,6 +73,7 @@ def command(backend, options, pid_text, interval_ms, duration, output, all_pages
       pagetier record --import perf-mem.csv --interval 100 -o sampled.parquet
       pagetier record --import pebs.csv --columns time=tsc_ns,addr=vaddr -o sampled.parquet
     """
+    check_output(output, "-o")
     if import_path:
         if pid_text or cmd:
             raise ConfigError("--import converts a file: give no --pid and no command")
@@ -85,7 +87,10 @@ def command(backend, options, pid_text, interval_ms, duration, output, all_pages
         raise ConfigError("--columns goes with --import")
     if bool(pid_text) == bool(cmd):
         raise ConfigError("record: give either --pid PID or -- CMD ...")
-    profiler = create(backend, **_options(options))
+    opts = _options(options)
+    check_profiler_options(backend, opts, "-O")
+    pids = _pids(pid_text) if pid_text else None
+    profiler = create(backend, **opts)
     child = None
     stopping = {"flag": False}
 
@@ -100,8 +105,6 @@ def command(backend, options, pid_text, interval_ms, duration, output, all_pages
             except OSError as e:
                 raise PagetierError(f"record: cannot start {cmd[0]}: {e.strerror}") from None
             pids = [child.pid]
-        else:
-            pids = _pids(pid_text)
         summary = record_trace(profiler, pids, output, interval_s=interval_ms / 1000,
                                duration=duration, all_pages=all_pages, nodes=not no_nodes,
                                meta={"command": " ".join(cmd)} if cmd else None, child=child,

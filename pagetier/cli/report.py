@@ -6,11 +6,12 @@ import json
 
 import click
 
+from pagetier.cli import resolve_trace
 from pagetier.profiler.report import METRICS, render, summarize
 
 
 @click.command("report")
-@click.argument("trace_file", type=click.Path(dir_okay=False))
+@click.argument("trace_file", metavar="TRACE")
 @click.option("--window", type=click.IntRange(1, None), default=5, show_default=True,
               help="intervals the hot-set rule looks back")
 @click.option("--hot-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.5,
@@ -29,8 +30,9 @@ def command(trace_file, window, hot_fraction, top, metric, as_json):
       pagetier report run.parquet
       pagetier report run.parquet --window 10 --hot-fraction 0.8 --json
       pagetier report run.parquet --metric count
+      pagetier report builtin:redis
     """
     from pagetier.profiler.trace import read_trace
 
-    rep = summarize(read_trace(trace_file), window, hot_fraction, top, metric)
+    rep = summarize(read_trace(resolve_trace(trace_file)), window, hot_fraction, top, metric)
     click.echo(json.dumps(rep, sort_keys=True) if as_json else render(rep))

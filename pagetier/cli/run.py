@@ -80,6 +80,13 @@ def _load(kw) -> config_mod.Config:
     }
     kw["_overrides"] = overrides
     cfg = config_mod.load(kw["config_path"], overrides)
+    # what the user named is checked before the machine: an unknown policy or option is
+    # reported as such on a host with one NUMA node too
+    from pagetier.cli import check_profiler_options
+    from pagetier.daemon.loop import create_policy
+
+    create_policy(cfg)
+    check_profiler_options(cfg.profiler, cfg.profiler_options, cfg.source)
     if not (cfg.profiler == "stub" and cfg.dry_run):  # a stub dry run touches no node
         config_mod.check_nodes(cfg)
     return cfg

@@ -7,8 +7,9 @@ import time
 import click
 
 from pagetier.bench import sim
-from pagetier.bench.sim import cost_of_options, split_list
-from pagetier.cli.bench import cost_options
+from pagetier.bench.sim import cost_of_options
+from pagetier.cli import check_output
+from pagetier.cli.bench import capacity_list, cost_options
 
 
 @click.command("train-rl")
@@ -37,13 +38,10 @@ def command(traces, output, budget, epochs, population, chunks, history, seed, p
     """
     from pagetier.policies import rl
 
+    check_output(output, "-o")  # before the training, not after it
+    caps = [float(c[:-1]) / 100.0 for c in capacity_list(budget, "--budget", sizes=False)]
     cost = cost_of_options(preset, fast_ns, slow_ns, migrate_us, migrate_mb_s, accesses_per_count,
                            cost_file)
-    caps = []
-    for c in split_list(budget):
-        if not c.endswith("%"):
-            raise click.BadParameter(f"{c!r}: give capacities as % of the footprint", param_hint="--budget")
-        caps.append(float(c[:-1]) / 100.0)
     loaded, costs = [], []
     for t in traces:
         _, frames, interval_s = sim.load_trace(t)
