@@ -1,0 +1,728 @@
+#!/usr/bin/env python3
+"""The scale benchmark, in the test VM: what pagetier.ko costs and how well it sees a fixed hot
+set as the footprint grows, beside the module before a change and beside DAMON.
+
+For each footprint (default 1, 2, 4, 8 GiB), THP off and on, and a hot set that stays put or
+moves every --phase-s seconds, one hotcold process (pagetier/workloads/hotcold.c: a --hot-mb hot
+set, --noise-ppm of its accesses sent to a random page of the whole buffer, every page first
+touched on the slow node) is measured in turn by:
+
+- pagetier.ko "before" (built from git revision --before, build/kmod-before/<release>) and
+  "after" (the working tree's build, build/kmod/<release>), each in abit and fault mode, scanning
+  every --period-ms. The module is read (reset) right after each of the workload's 1 s ticks, so
+  an interval's truth is the hot window that tick reports;
+- DAMON (6.12; profiler/damon.py through the guest's sysfs), its regions read at each tick;
+- with --daemon, the pagetier daemon (heuristic policy, the "after" module, the daemon's default
+  scan period) on the still hot set, THP off.
+
+Figures (columns of the tables):
+- ms/pass: the module's time (STATS scan_ns + probe_ns) per full pass of the target (STATS scans);
+  pass/s: full passes per second (the goal: one in every 1 s interval); cpu%: the module's time
+  per second of run, in percent of one CPU; entries: page-table entries walked per pass;
+- P/R: per-interval precision and recall of the hottest units by count, taken until they cover
+  the hot set's size (ties in random order), against the tick's hot window; the median and the
+  minimum over the intervals; "moving": the hot set moves every --phase-s s;
+- read ms: CPU time of this process's READ of the target per interval (what a reader pays);
+- DAMON: the kdamond's CPU (/proc/<pid>/stat) and P/R of its regions ranked by nr_accesses;
+- daemon: its CPU per 1 s interval (median over intervals after the first --warm-s), and the
+  module's CPU in that run; (module + daemon) / kdamond for the same footprint and THP;
+- sparse: a 16 TiB MAP_NORESERVE target with 4,096 pages touched 4 GiB apart against a dense
+  16 MiB target with the same pages (tests/guest/test_kmod_hazards.py's targets), per pass.
+
+Runs:
+    scripts/bench_scale.py                       # boots 6.12 (HMAT) and 6.1, prints the tables
+    scripts/bench_scale.py --kernels 6.12 --footprints 256M,512M --intervals 4   # a quick look
+    scripts/bench_scale.py -o docs/scale.md      # and appends a dated section there
+    scripts/vm --kernel 6.12 --hmat --fast 2G --slow 10G -- \\
+        .venv/bin/python scripts/bench_scale.py --guest --footprints 1G
+    scripts/bench_scale.py --from-json build/vm/6.12-x/bench-scale.json -o docs/scale.md
+The guest writes its results as JSON ($PAGETIER_VM_OUT/bench-scale.json, or --json FILE).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import select
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pagetier.bench.hotset import overlap_pages, top_units  # noqa: E402
+
+PAGE = 4096
+HUGE_PAGES = 512
+RESULT_NAME = "bench-scale.json"
+BEFORE_REV = "d4ff290"
+MEMORY_LIMIT_MB = 12 * 1024  # the guest's memory, at most (the host is shared)
+
+
+def size_mb(text: str) -> int:
+    """'512M', '1G' or '2' (GiB) in MiB."""
+    t = text.strip().upper()
+    try:
+        if t.endswith("M"):
+            return int(t[:-1])
+        return int(float(t.rstrip("G")) * 1024)
+    except ValueError:
+        raise SystemExit(f"bench_scale: bad size {text!r}: use e.g. 512M or 2G") from None
+
+
+def label_mb(mb: int) -> str:
+    return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
+
+
+def module_paths(release: str, before_rev: str) -> dict[str, Path]:
+    """The two builds of pagetier.ko for ``release``: before (out of tree) and after."""
+    return {"before": REPO / "build" / "kmod-before" / release / "pagetier.ko",
+            "after": REPO / "build" / "kmod" / release / "pagetier.ko"}
+
+
+def build_before(rev: str, releases: list[str]) -> None:
+    """pagetier.ko of git revision ``rev`` for each kernel, out of the working tree."""
+    todo = [r for r in releases if not module_paths(r, rev)["before"].exists()]
+    if not todo:
+        return
+    src = Path(tempfile.mkdtemp(prefix="pagetier-before-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "kmod"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    for rel in todo:
+        out = module_paths(rel, rev)["before"].parent
+        subprocess.run(["make", "-s", "-C", str(src / "kmod"), f"KERNEL_DIR=/lib/modules/{rel}/build",
+                        f"O={out}", "module"], check=True, stdout=subprocess.DEVNULL)
+
+
+# ------------------------------------------------------------------ guest side: the pieces
+class Ticks:
+    """The workload's JSON lines, read without blocking (drain) or until the next tick."""
+
+    def __init__(self, proc: subprocess.Popen):
+        from pagetier.bench.live import Lines
+
+        self.proc = proc
+        self.lines = Lines(proc.stdout.fileno())
+        self.pending: list[dict] = []
+        self.done: dict | None = None
+
+    def _take(self, timeout: float) -> None:
+        r, _, _ = select.select([self.lines.fd], [], [], timeout)
+        if r:
+            for e in self.lines.read():
+                if e.get("event") == "tick":
+                    self.pending.append(e)
+                elif e.get("event") == "done":
+                    self.done = e
+
+    def drain(self) -> None:
+        """Forget the ticks so far (the workload blocks once its pipe is full)."""
+        while not self.lines.eof:
+            before = len(self.lines.buf), len(self.pending)
+            self._take(0)
+            if (len(self.lines.buf), len(self.pending)) == before:
+                break
+        self.pending.clear()
+
+    def next(self, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while not self.pending:
+            if self.lines.eof or time.monotonic() > deadline:
+                raise RuntimeError("the workload stopped ticking")
+            self._take(max(0.0, deadline - time.monotonic()))
+        return self.pending.pop(0)
+
+
+def start_workload(size: int, hot: int, noise: int, thp: bool, phase: int):
+    """hotcold over ``size`` MiB, its pages first touched on the slow node (1); (proc, ready)."""
+    from pagetier.workload import binary
+
+    argv = [str(binary()), "--size", str(size), "--hot", str(hot), "--noise-ppm", str(noise),
+            "--duration", "0", "--tick-ms", "1000", "--start-node", "1", "--fast-node", "0",
+            "--phase", str(phase), *([] if thp else ["--no-thp"])]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    line = b""
+    while not line.endswith(b"\n"):  # the ready line, byte by byte: the rest stays in the pipe
+        c = os.read(proc.stdout.fileno(), 1)
+        if not c:
+            raise RuntimeError(f"the workload exited ({proc.wait()}) before it was ready: {argv}")
+        line += c
+    return proc, json.loads(line)
+
+
+def stop_workload(proc: subprocess.Popen, ticks: Ticks) -> bool:
+    """SIGTERM; True when it exited 0 having checked every page."""
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 300
+    while not ticks.lines.eof and time.monotonic() < deadline:
+        ticks._take(1.0)
+    rc = proc.wait()
+    return rc == 0 and (ticks.done or {}).get("pages_corrupt", 1) == 0
+
+
+def score(addr: np.ndarray, npages: np.ndarray, value: np.ndarray, ready: dict, hot_addr: int,
+          rng: np.random.Generator) -> tuple[float, float]:
+    """Precision and recall of the hottest units by ``value`` (taken until they cover the hot
+    set's pages) against the hot window at ``hot_addr``; units outside the buffer count as cold."""
+    hot_pages = ready["hot_size"] // PAGE
+    take = top_units(value.astype(np.float64), npages, hot_pages, rng)
+    if not len(take):
+        return 0.0, 0.0
+    tp = int(overlap_pages(addr[take], npages[take], hot_addr, hot_addr + ready["hot_size"]).sum())
+    pred = int(npages[take].astype(np.int64).sum())
+    return tp / pred, tp / hot_pages
+
+
+def pr_summary(pr: list[tuple[float, float]]) -> dict:
+    if not pr:
+        return {}
+    p, r = [x[0] for x in pr], [x[1] for x in pr]
+    return {"p_med": statistics.median(p), "p_min": min(p), "r_med": statistics.median(r),
+            "r_min": min(r), "intervals": len(pr)}
+
+
+def wait_passes(dev, pid: int, n: int, timeout: float) -> dict:
+    start = dev.stats(pid)["scans"]
+    deadline = time.monotonic() + timeout
+    while True:
+        st = dev.stats(pid)
+        if st["scans"] >= start + n or time.monotonic() > deadline:
+            return st
+        time.sleep(0.05)
+
+
+def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
+    """One mode of the loaded module on the running workload: a.intervals reads at its ticks."""
+    from pagetier import uapi
+
+    pid = ready["pid"]
+    lo, hi = ready["addr"], ready["addr"] + ready["size"]
+    dev.attach(pid, mode, scan_period_ms=a.period_ms)
+    try:
+        wait_passes(dev, pid, 2, timeout=a.warm_timeout)
+        ticks.drain()
+        ticks.next()
+        dev.read(pid, reset=True)
+        st0, t0 = dev.stats(pid), time.monotonic()
+        pr, read_s = [], []
+        for _ in range(a.intervals):
+            tick = ticks.next()
+            c0 = time.thread_time()
+            rec = dev.read(pid, reset=True)
+            read_s.append(time.thread_time() - c0)
+            rec = rec[(rec["addr"] >= lo) & (rec["addr"] < hi)]
+            npages = np.where(rec["flags"] & uapi.REC_HUGE, HUGE_PAGES, 1).astype(np.int64)
+            pr.append(score(rec["addr"], npages, rec["count"], ready, tick["hot_addr"], rng))
+        st1, t1 = dev.stats(pid), time.monotonic()
+        if st1["scans"] == st0["scans"]:  # no whole pass in the window: wait for one
+            st1 = wait_passes(dev, pid, 1, timeout=a.warm_timeout)
+            t1 = time.monotonic()
+    finally:
+        dev.detach(pid)
+    d = {k: st1[k] - st0[k] for k in ("scans", "scan_ns", "probe_ns", "walk_entries",
+                                       "scan_resumes")}
+    busy = d["scan_ns"] + d["probe_ns"]
+    passes = max(d["scans"], 1)
+    out = {"seconds": t1 - t0, "passes": d["scans"], "pass_per_s": d["scans"] / (t1 - t0),
+           "ms_per_pass": busy / passes / 1e6, "cpu": busy / 1e9 / (t1 - t0),
+           "entries_per_pass": d["walk_entries"] / passes, "resumes": d["scan_resumes"],
+           "pages_tracked": st1["pages_tracked"], "read_ms": 1e3 * statistics.median(read_s),
+           "read_ms_max": 1e3 * max(read_s), **pr_summary(pr)}
+    for k in ("regions_tracked", "regions_idle"):
+        if k in st1:
+            out[k] = st1[k]
+    return out
+
+
+def measure_damon(ready: dict, ticks: Ticks, a, rng) -> dict:
+    """DAMON on the running workload (its own kdamond, through the guest's sysfs)."""
+    from pagetier.profiler.damon import DamonProfiler
+
+    prof = DamonProfiler()
+    spinner = None
+    if a.damon_share:
+        # DAMON clears Accessed bits without a TLB flush, and under emulation a process alone on
+        # its CPU keeps its translations for seconds (no PCID: only a context switch flushes
+        # them), so DAMON would see almost no access. A busy process sharing the workload's CPU
+        # forces those switches, as other tasks do on a real machine.
+        os.sched_setaffinity(ready["pid"], {1})
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        os.sched_setaffinity(spinner.pid, {1})
+    try:
+        prof.attach(ready["pid"])
+        ticks.drain()
+        for _ in range(a.damon_warm):  # its regions adapt first
+            ticks.next()
+        c0, t0 = prof.kdamond_cpu_ns(), time.monotonic()
+        pr, nregions = [], []
+        for _ in range(a.intervals):
+            tick = ticks.next()
+            regs = prof.regions()[0]
+            nregions.append(len(regs))
+            if not len(regs):
+                pr.append((0.0, 0.0))
+                continue
+            start, end = regs[:, 0].astype(np.int64), regs[:, 1].astype(np.int64)
+            pr.append(score(start.astype(np.uint64), (end - start) // PAGE, regs[:, 2], ready,
+                            tick["hot_addr"], rng))
+        c1, t1 = prof.kdamond_cpu_ns(), time.monotonic()
+    finally:
+        prof.close()
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+            os.sched_setaffinity(ready["pid"], set(range(os.cpu_count() or 1)))
+    return {"seconds": t1 - t0, "cpu": (c1 - c0) / 1e9 / (t1 - t0) if c0 is not None and c1 is not None else None,
+            "regions": statistics.median(nregions), **pr_summary(pr)}
+
+
+def measure_daemon(ready: dict, ticks: Ticks, mode: str, a) -> dict:
+    """The pagetier daemon (heuristic policy, the daemon's default scan period) on the workload:
+    its CPU per interval and the module's CPU while it runs."""
+    from pagetier.bench import live
+
+    spec = live.Spec(name="scale", seconds=max(60, 4 * a.intervals), size_mb=ready["size"] >> 20,
+                     hot_mb=ready["hot_size"] >> 20, budget_mb=2 * (ready["hot_size"] >> 20),
+                     mode=mode)
+    child, fd = live.fork_daemon(ready["pid"], "heuristic", spec)
+    lines = live.Lines(fd)
+    stats: list[dict] = []
+    try:
+        want = a.daemon_warm + a.intervals
+        deadline = time.monotonic() + 120 + 10 * want
+        while len(stats) < want and not lines.eof and time.monotonic() < deadline:
+            r, _, _ = select.select([fd], [], [], 1.0)
+            if r:
+                stats += [e for e in lines.read() if "interval" in e]
+            ticks.drain()
+    finally:
+        try:
+            os.kill(child, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        live._reap(child)
+        os.close(fd)
+    kept = [s for s in stats[a.daemon_warm:] if not s.get("boundary")]
+    if len(kept) < 2:
+        return {"error": f"the daemon gave {len(stats)} intervals"}
+    cpu = [s["cpu_s"] for s in kept]
+    span = kept[-1]["t"] - kept[0]["t"]
+    prof = (kept[-1]["profiler_scan_s"] - kept[0]["profiler_scan_s"]) / span if span > 0 else None
+    return {"intervals": len(kept), "cpu_s_med": statistics.median(cpu), "cpu_s_max": max(cpu),
+            "cpu_s_mean": statistics.fmean(cpu), "module_cpu": prof,
+            "units_med": statistics.median(s["units"] for s in kept),
+            "promoted": sum(s["promoted"] for s in stats), "demoted": sum(s["demoted"] for s in stats)}
+
+
+def sparse_rows(kos: dict[str, Path], modes: list[str]) -> list[dict]:
+    """tests/guest/test_kmod_hazards.py's sparse and dense targets, per pass, each module."""
+    from pagetier.profiler import kmod
+
+    sys.path.insert(0, str(REPO / "tests" / "guest"))
+    import test_kmod_hazards as hz
+
+    exe = Path(tempfile.mkdtemp()) / "kmod_hazards"
+    subprocess.run(["gcc", "-O2", "-Wall", "-I", str(hz.UAPI_DIR), "-o", str(exe),
+                    str(hz.HERE / "kmod_hazards.c")], check=True)
+    shapes = {"dense 16 MiB": (16 << 20, PAGE), "sparse 16 TiB": (hz.SPARSE_SIZE, hz.SPARSE_STRIDE)}
+    rows = []
+    for name, ko in kos.items():
+        kmod.unload_module()
+        kmod.load_module(ko)
+        for mode in modes:
+            r = {"module": name, "mode": mode}
+            for shape, (size, stride) in shapes.items():
+                c = hz._scan_cost(str(exe), mode, size, stride)
+                r[shape.split()[0]] = c
+            rows.append(r)
+            print(f"sparse {name} {mode}: sparse {r['sparse']['scan_ms']:.2f} ms, dense "
+                  f"{r['dense']['scan_ms']:.2f} ms per pass", flush=True)
+    kmod.unload_module()
+    return rows
+
+
+def guest_main(a) -> int:
+    from pagetier.profiler import kmod
+
+    release = platform.release()
+    kos = {k: p for k, p in module_paths(release, a.before).items() if k in a.modules}
+    missing = [str(p) for p in kos.values() if not p.exists()]
+    if missing:
+        print(f"bench_scale: missing {', '.join(missing)} (run it from the host, which builds the "
+              "'before' module; build the working tree's with make -C kmod)", file=sys.stderr)
+        return 1
+    damon = Path("/sys/kernel/mm/damon/admin").exists() and not a.no_damon
+    doc = {"kernel": release, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "before": a.before, "args": vars(a), "modules": {}, "cells": [], "sparse": [],
+           "damon": damon}
+    out_path = Path(a.json or Path(os.environ.get("PAGETIER_VM_OUT", "/tmp")) / RESULT_NAME)
+    rng = np.random.default_rng(0)
+
+    def save():
+        out_path.write_text(json.dumps(doc, indent=1))
+
+    for name, ko in kos.items():
+        kmod.unload_module()
+        kmod.load_module(ko)
+        dev = kmod.Device()
+        doc["modules"][name] = ".".join(map(str, dev.version()[:3]))
+        dev.close()
+    kmod.unload_module()
+    ok = True
+    motions = [m for m in a.hot if m in ("still", "moving")]
+    for size in a.footprints:
+        for thp in a.thp:
+            for motion in motions:
+                phase = a.phase_s if motion == "moving" else 0
+                t_start = time.monotonic()
+                proc, ready = start_workload(size, a.hot_mb, a.noise_ppm, thp, phase)
+                ticks = Ticks(proc)
+                cell = {"size_mb": size, "thp": thp, "motion": motion, "module": {}}
+                doc["cells"].append(cell)
+                print(f"[{label_mb(size)} thp {'on' if thp else 'off'} {motion}] workload ready "
+                      f"in {time.monotonic() - t_start:.0f} s", flush=True)
+                try:
+                    for name, ko in kos.items():
+                        kmod.unload_module()
+                        kmod.load_module(ko)
+                        dev = kmod.Device()
+                        try:
+                            for mode in a.modes:
+                                r = measure_module(dev, ready, ticks, mode, a, rng)
+                                cell["module"][f"{name}/{mode}"] = r
+                                print(f"  {name:6} {mode:5} {r['ms_per_pass']:8.1f} ms/pass "
+                                      f"{r['pass_per_s']:5.2f} pass/s cpu {100 * r['cpu']:5.1f}% "
+                                      f"P {r['p_med']:.3f}/{r['p_min']:.3f} R {r['r_med']:.3f}/"
+                                      f"{r['r_min']:.3f} read {r['read_ms']:.1f} ms", flush=True)
+                                save()
+                        finally:
+                            dev.close()
+                        if name == "after" and a.daemon and motion == "still" and not thp:
+                            for mode in a.daemon_modes:
+                                d = measure_daemon(ready, ticks, mode, a)
+                                cell.setdefault("daemon", {})[mode] = d
+                                print(f"  daemon {mode}: {d}", flush=True)
+                                save()
+                    kmod.unload_module()
+                    if damon:
+                        r = measure_damon(ready, ticks, a, rng)
+                        cell["damon"] = r
+                        print(f"  damon        cpu {100 * (r['cpu'] or 0):5.1f}% P {r['p_med']:.3f}/"
+                              f"{r['p_min']:.3f} R {r['r_med']:.3f}/{r['r_min']:.3f} "
+                              f"regions {r['regions']:.0f}", flush=True)
+                finally:
+                    cell["memory_ok"] = stop_workload(proc, ticks)
+                    ok = ok and cell["memory_ok"]
+                    cell["wall_s"] = round(time.monotonic() - t_start, 1)
+                    save()
+    if a.sparse:
+        doc["sparse"] = sparse_rows(kos, a.modes)
+    save()
+    print(render(doc))
+    return 0 if ok else 1
+
+
+# ------------------------------------------------------------------ tables
+def _f(x, fmt: str = ".1f", none: str = "-") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _ratio(a, b) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}x"
+
+
+def render(doc: dict) -> str:
+    """One kernel's tables, as markdown."""
+    cells = doc["cells"]
+    sizes = sorted({c["size_mb"] for c in cells})
+    keys = sorted({k for c in cells for k in c["module"]},
+                  key=lambda k: (k.split("/")[1], k.split("/")[0] != "before"))
+    lines = [f"### {doc['kernel']} ({doc['date']})", "",
+             "modules: " + ", ".join(f"{k} {v}" + (f" (git {doc['before']})" if k == "before" else
+                                                    " (working tree)")
+                                     for k, v in doc["modules"].items()), ""]
+
+    def cell(size, thp, motion):
+        return next((c for c in cells if c["size_mb"] == size and c["thp"] == thp
+                     and c["motion"] == motion), None)
+
+    for thp in (False, True):
+        if not any(c["thp"] == thp for c in cells):
+            continue
+        lines += [f"**Module, THP {'on' if thp else 'off'}, hot set still**: ms per full pass "
+                  "(pass/s, cpu % of one CPU, entries per pass)", ""]
+        hdr = "| module/mode | " + " | ".join(label_mb(s) for s in sizes) + \
+              f" | {label_mb(sizes[-1])} / {label_mb(sizes[0])} |"
+        lines += [hdr, "|---" * (len(sizes) + 2) + "|"]
+        for k in keys:
+            row, first, last = [], None, None
+            for s in sizes:
+                c = cell(s, thp, "still")
+                r = c and c["module"].get(k)
+                if not r:
+                    row.append("-")
+                    continue
+                first = r["ms_per_pass"] if first is None else first
+                last = r["ms_per_pass"]
+                row.append(f"{r['ms_per_pass']:.1f} ({r['pass_per_s']:.2f}/s, "
+                           f"{100 * r['cpu']:.1f}%, {r['entries_per_pass'] / 1e3:.0f}k)")
+            lines.append(f"| {k} | " + " | ".join(row) + f" | {_ratio(last, first)} |")
+        lines.append("")
+        # after / before
+        modes = sorted({k.split("/")[1] for k in keys})
+        if all(f"{m}/{w}" in keys for m in ("before", "after") for w in modes[:1]) or \
+                any(k.startswith("before/") for k in keys) and any(k.startswith("after/") for k in keys):
+            lines += [f"after / before, THP {'on' if thp else 'off'}, still: ms per pass "
+                      "(cpu per second)", "",
+                      "| mode | " + " | ".join(label_mb(s) for s in sizes) + " |",
+                      "|---" * (len(sizes) + 1) + "|"]
+            for m in modes:
+                row = []
+                for s in sizes:
+                    c = cell(s, thp, "still")
+                    b, af = (c["module"].get(f"before/{m}"), c["module"].get(f"after/{m}")) if c else (None, None)
+                    row.append(f"{_ratio(af['ms_per_pass'], b['ms_per_pass'])} "
+                               f"({_ratio(af['cpu'], b['cpu'])})" if b and af else "-")
+                lines.append(f"| {m} | " + " | ".join(row) + " |")
+            lines.append("")
+        # precision and recall
+        lines += [f"**Precision / recall per 1 s interval, THP {'on' if thp else 'off'}** "
+                  "(median/min of P, median/min of R)", "",
+                  "| who | hot set | " + " | ".join(label_mb(s) for s in sizes) + " |",
+                  "|---" * (len(sizes) + 2) + "|"]
+        for motion in ("still", "moving"):
+            for k in keys + ["damon"]:
+                row, any_ = [], False
+                for s in sizes:
+                    c = cell(s, thp, motion)
+                    r = c and (c.get("damon") if k == "damon" else c["module"].get(k))
+                    if not r or "p_med" not in r:
+                        row.append("-")
+                        continue
+                    any_ = True
+                    row.append(f"{r['p_med']:.2f}/{r['p_min']:.2f} {r['r_med']:.2f}/{r['r_min']:.2f}")
+                if any_:
+                    lines.append(f"| {k} | {motion} | " + " | ".join(row) + " |")
+        lines.append("")
+        # DAMON and the daemon: CPU
+        if any((cell(s, thp, "still") or {}).get("damon") for s in sizes):
+            lines += [f"**CPU, THP {'on' if thp else 'off'}, still** (% of one CPU; daemon: ms "
+                      "per 1 s interval, median/max; read: this process's READ per interval, ms)", "",
+                      "| | " + " | ".join(label_mb(s) for s in sizes) + " |",
+                      "|---" * (len(sizes) + 1) + "|"]
+            rows = {"kdamond": [], "DAMON regions": []}
+            for s in sizes:
+                d = (cell(s, thp, "still") or {}).get("damon") or {}
+                rows["kdamond"].append(f"{100 * d['cpu']:.1f}%" if d.get("cpu") is not None else "-")
+                rows["DAMON regions"].append(f"{d['regions']:.0f}" if d else "-")
+            for k in keys:
+                rows[f"read {k}"] = [f"{c['module'][k]['read_ms']:.1f}" if c and k in c["module"]
+                                     else "-" for c in (cell(s, thp, "still") for s in sizes)]
+            dmodes = sorted({m for s in sizes for m in ((cell(s, thp, "still") or {}).get("daemon") or {})})
+            for m in dmodes:
+                d_row, mod_row, vs = [], [], []
+                for s in sizes:
+                    c = cell(s, thp, "still") or {}
+                    d = (c.get("daemon") or {}).get(m)
+                    k = (c.get("damon") or {}).get("cpu")
+                    if not d or "error" in d:
+                        d_row.append((d or {}).get("error", "-"))
+                        mod_row.append("-")
+                        vs.append("-")
+                        continue
+                    d_row.append(f"{1e3 * d['cpu_s_med']:.0f}/{1e3 * d['cpu_s_max']:.0f}")
+                    mod_row.append(f"{100 * d['module_cpu']:.1f}%" if d["module_cpu"] is not None else "-")
+                    total = d["cpu_s_mean"] + (d["module_cpu"] or 0)
+                    vs.append(_ratio(total, k))
+                rows[f"daemon ({m}) ms/interval"] = d_row
+                rows[f"module under the daemon ({m})"] = mod_row
+                rows[f"(module + daemon) / kdamond ({m})"] = vs
+            for k, row in rows.items():
+                lines.append(f"| {k} | " + " | ".join(row) + " |")
+            lines.append("")
+    if doc.get("sparse"):
+        lines += ["**Sparse address space** (per pass: a 16 TiB MAP_NORESERVE target with 4,096 "
+                  "pages touched 4 GiB apart, against a dense 16 MiB target with the same pages)", "",
+                  "| module | mode | sparse ms | dense ms | sparse / dense | entries sparse | "
+                  "entries dense | found |", "|---|---|---|---|---|---|---|---|"]
+        for r in doc["sparse"]:
+            sp, de = r["sparse"], r["dense"]
+            lines.append(f"| {r['module']} | {r['mode']} | {sp['scan_ms']:.2f} | {de['scan_ms']:.2f} | "
+                         f"{_ratio(sp['scan_ms'], de['scan_ms'])} | {sp['entries']} | "
+                         f"{de['entries']} | {sp['found']}/{de['found']} |")
+        lines.append("")
+    bad = [c for c in cells if not c.get("memory_ok", True)]
+    for c in bad:
+        lines.append(f"WARNING: {label_mb(c['size_mb'])} thp {c['thp']} {c['motion']}: the "
+                     "workload's memory check failed")
+    return "\n".join(lines)
+
+
+def markdown_section(docs: list[dict], command: str) -> str:
+    a = docs[0]["args"]
+    head = [f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "", f"    $ {command}", "",
+            f"hotcold: {a['hot_mb']} MiB hot set, {a['noise_ppm']} ppm noise, first touched on "
+            f"the slow node; moving: every {a['phase_s']} s; module scan every {a['period_ms']} ms; "
+            f"{a['intervals']} intervals of 1 s per measurement; P/R: hottest units by count "
+            "until the hot set's size, per interval, median/min. ms/pass: STATS (scan_ns + "
+            "probe_ns) / scans (wall time in the kernel, under emulation on a shared host).", ""]
+    return "\n".join(head + [render(d) + "\n" for d in docs])
+
+
+# ------------------------------------------------------------------ host side
+def host_main(a, argv: list[str]) -> int:
+    from pagetier.checkout import test_vm
+    from pagetier.workload import binary
+
+    vm = test_vm()
+    binary()
+    releases = {k: vm.resolve_kernel(k) for k in a.kernels}
+    if "before" in a.modules:
+        build_before(a.before, list(releases.values()))
+    for k, rel in releases.items():
+        for name, p in module_paths(rel, a.before).items():
+            if name in a.modules and not p.exists():
+                print(f"bench_scale: {p} is missing: make -C kmod KERNEL_DIR=/lib/modules/{rel}/build",
+                      file=sys.stderr)
+                return 1
+    fast, slow = size_mb(a.fast), size_mb(a.slow)
+    if fast + slow > MEMORY_LIMIT_MB:
+        print(f"bench_scale: --fast + --slow is over {MEMORY_LIMIT_MB} MiB", file=sys.stderr)
+        return 1
+    # the guest gets the options but the host's own (and their values)
+    cleaned, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+            continue
+        if x in ("-o", "--kernels", "--fast", "--slow"):
+            skip = True
+            continue
+        if x.startswith(("--kernels=", "--fast=", "--slow=", "-o=")):
+            continue
+        cleaned.append(x)
+    guest_args = cleaned
+    docs, ok = [], True
+    for k in a.kernels:
+        cmd = ("python scripts/bench_scale.py --guest " + " ".join(shlex.quote(x) for x in guest_args)
+               + f" --json \"$PAGETIER_VM_OUT/{RESULT_NAME}\"")
+        res = vm.run(cmd, kernel=k, fast=label_mb(fast), slow=label_mb(slow), hmat=(k == "6.12"),
+                     echo=True, timeout=a.timeout)
+        out = res.outdir / RESULT_NAME
+        if out.exists():
+            docs.append(json.loads(out.read_text()))
+            docs[-1]["vm_seconds"] = round(res.seconds)
+            docs[-1]["kernel_reports"] = res.reports
+        if not res.ok:
+            ok = False
+            print(f"bench_scale: the {k} run failed (exit {res.returncode}; reports: {res.reports}); "
+                  f"output in {res.outdir}", file=sys.stderr)
+    return finish(docs, a, "scripts/bench_scale.py " + " ".join(shlex.quote(x) for x in argv)) and ok
+
+
+def finish(docs: list[dict], a, command: str) -> bool:
+    if not docs:
+        return False
+    text = markdown_section(docs, command)
+    print(text)
+    if a.output:
+        path = Path(a.output)
+        old = path.read_text() if path.exists() else (
+            "# Scale: pagetier.ko against the footprint, before and after, beside DAMON\n\n"
+            "Written by scripts/bench_scale.py -o (see its --help for what each column means).\n\n")
+        path.write_text(old.rstrip("\n") + "\n\n" + text)
+        print(f"appended to {path}")
+    return True
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 1 (argparse's default is usage and exit 2)
+        print(f"bench_scale: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
+def parse(argv: list[str]):
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--guest", action="store_true", help="run here (inside the test VM)")
+    ap.add_argument("--kernels", default="6.12,6.1", help="host: kernels to boot, one VM each")
+    ap.add_argument("--fast", default="2G", help="host: the guest's fast node")
+    ap.add_argument("--slow", default="10G", help="host: the guest's slow node")
+    ap.add_argument("--footprints", default="1G,2G,4G,8G")
+    ap.add_argument("--thp", default="off,on")
+    ap.add_argument("--hot", default="still,moving", help="still, moving or both")
+    ap.add_argument("--hot-mb", type=int, default=32)
+    ap.add_argument("--noise-ppm", type=int, default=100)
+    ap.add_argument("--phase-s", type=int, default=5, help="the moving hot set moves this often")
+    ap.add_argument("--modes", default="abit,fault")
+    ap.add_argument("--modules", default="before,after")
+    ap.add_argument("--before", default=BEFORE_REV, help="git revision of the 'before' module")
+    ap.add_argument("--period-ms", type=int, default=250,
+                    help="the module's scan period (250: the daemon's default for 1 s intervals)")
+    ap.add_argument("--intervals", type=int, default=8, help="1 s intervals per measurement")
+    ap.add_argument("--warm-timeout", type=float, default=120,
+                    help="s to wait for the first passes of a mode")
+    ap.add_argument("--damon-warm", type=int, default=3, help="ticks before DAMON is read")
+    ap.add_argument("--no-damon", action="store_true")
+    ap.add_argument("--damon-alone", dest="damon_share", action="store_false",
+                    help="DAMON without a busy process sharing the workload's CPU (see "
+                         "measure_damon: under emulation it then sees almost no access)")
+    ap.add_argument("--daemon", action="store_true",
+                    help="also the daemon's CPU (after module, still hot set, THP off)")
+    ap.add_argument("--daemon-modes", default="abit")
+    ap.add_argument("--daemon-warm", type=int, default=4, help="daemon intervals not counted")
+    ap.add_argument("--sparse", action="store_true", help="also the sparse-address-space rows")
+    ap.add_argument("--only-sparse", action="store_true", help="the sparse rows alone")
+    ap.add_argument("--json", help="guest: write the results here")
+    ap.add_argument("--from-json", nargs="+", help="print (and -o) saved results, boot nothing")
+    ap.add_argument("-o", "--output", help="append a dated markdown section to this file")
+    ap.add_argument("--timeout", type=float, default=5400, help="s per VM run")
+    a = ap.parse_args(argv)
+    try:
+        a.footprints = [size_mb(x) for x in a.footprints.split(",") if x]
+        a.thp = [{"off": False, "on": True}[x] for x in a.thp.split(",") if x]
+    except KeyError:
+        ap.error("--thp takes off, on or off,on")
+    a.kernels = [k for k in a.kernels.split(",") if k]
+    a.hot = [x for x in a.hot.split(",") if x]
+    a.modes = [m for m in a.modes.split(",") if m]
+    a.modules = [m for m in a.modules.split(",") if m]
+    a.daemon_modes = [m for m in a.daemon_modes.split(",") if m]
+    if a.only_sparse:
+        a.footprints, a.sparse = [], True
+    bad = ([m for m in a.modes + a.daemon_modes if m not in ("abit", "fault")]
+           + [m for m in a.modules if m not in ("before", "after")]
+           + [h for h in a.hot if h not in ("still", "moving")])
+    if bad:
+        ap.error(f"unknown value {bad[0]!r} (modes: abit, fault; modules: before, after; "
+                 "hot: still, moving)")
+    if any(f > 10 * 1024 for f in a.footprints) or a.hot_mb <= 0 or \
+            any(a.hot_mb * 2 > f for f in a.footprints):
+        ap.error("footprints must be at most 10G and at least twice --hot-mb")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse(argv)
+    if a.from_json:
+        docs = [json.loads(Path(p).read_text()) for p in a.from_json]
+        return 0 if finish(docs, a, "scripts/bench_scale.py " + " ".join(argv)) else 1
+    from pagetier.checkout import in_guest
+
+    if a.guest or in_guest():
+        return guest_main(a)
+    return 0 if host_main(a, argv) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
