@@ -1,0 +1,156 @@
+"""The default policy's view of a PageState: everything the rules read of it, in one place.
+
+The rules never reach into a PageState; they ask a :class:`PageView`, one method per thing
+they need. A state that keeps candidates (pagetier/core/state.py: ``hotter_than``,
+``in_candidates``, ``touched``, ``coldest``, ``rows``, ``keys``) is read through them: the
+decision then looks at the units with heat at least ``min_heat`` and those accessed in this
+interval, plus the fast node's coldest units that an exchange may demote. Any other object
+with the state's columns (``heat``, ``rate``, ``node``, ``npages``, ``last_move``, ``target``,
+``addr``) is read whole: the same decision, on every unit.
+
+What of PageState this module touches (and nothing else in the policy does):
+
+- attributes: ``interval``, ``decay`` (0.5 when absent), ``pids`` (``read_now`` only), the
+  structured array ``a`` (only ``a.dtype.names``, to see whether there is a ``rate`` column);
+- columns: ``heat``, ``rate``, ``node``, ``npages``, ``last_move``, and ``target``/``addr``
+  when the state has no ``keys``;
+- methods: ``hotter_than``, ``in_candidates``, ``touched``, ``coldest``, ``rows`` (whole rows
+  of some units, read by the field names above), ``keys``, ``pages_on``, ``stuck``, ``len()``;
+- module helpers and constants: ``unit_keys``, ``union``, ``union_remap``, ``NEVER`` (the
+  ``last_move`` of a unit never moved).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagetier.core import state as core_state
+from pagetier.core.state import NEVER, union, union_remap  # noqa: F401 (NEVER: for the rules)
+
+# what a state must offer to be read by candidates rather than whole
+CANDIDATE_API = ("hotter_than", "in_candidates", "touched", "coldest", "rows", "keys")
+COLUMNS = ("heat", "rate", "node", "npages", "last_move")
+
+
+def unit_keys(state) -> np.ndarray:
+    """Stable identity of each unit across calls: ``(target << 48) | (addr >> 12)``; the
+    state's own sorted keys when it keeps them."""
+    keys = getattr(state, "keys", None)
+    if keys is not None:
+        return keys()
+    return core_state.unit_keys(state.target, state.addr)
+
+
+@dataclass
+class Units:
+    """The columns of the units a decision looks at, as local arrays: ``idx`` their indices in
+    the state (sorted), ``rate`` None when the state keeps no rates."""
+
+    view: "PageView"
+    idx: np.ndarray
+    heat: np.ndarray
+    rate: np.ndarray | None
+    node: np.ndarray
+    npages: np.ndarray
+    last_move: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def keys(self, local: np.ndarray) -> np.ndarray:
+        """The keys of units ``local`` (positions in ``idx``)."""
+        return self.view.keys(self.idx[local])
+
+    def extend(self, more: np.ndarray) -> np.ndarray:
+        """Add state units ``more`` (sorted) to the set; returns where each old position went."""
+        idx, remap, added = union_remap(self.idx, more)
+        self.idx = idx
+        for name, got in zip(COLUMNS, self.view.columns(idx[added])):
+            was = getattr(self, name)
+            col = np.empty(len(idx), was.dtype)
+            col[remap] = was
+            col[added] = got
+            setattr(self, name, col)
+        return remap
+
+
+class PageView:
+    """A PageState as the default policy reads it (see the module's docstring)."""
+
+    def __init__(self, state, min_heat: float):
+        self.state = state
+        self.incremental = min_heat > 0 and all(hasattr(state, m) for m in CANDIDATE_API)
+        self.min_heat = min_heat
+        self._keys = None  # every unit's key, when read whole
+
+    @property
+    def interval(self) -> int:
+        return int(self.state.interval)
+
+    @property
+    def decay(self) -> float:
+        return float(getattr(self.state, "decay", 0.5))
+
+    def candidates(self) -> tuple[np.ndarray, float]:
+        """(sorted indices of the units to rank, the summed heat of the units left out)."""
+        st = self.state
+        if not self.incremental:
+            return np.arange(len(st)), 0.0
+        cand, rest = st.hotter_than(self.min_heat)
+        touched = st.touched()
+        return union(cand, touched[~st.in_candidates(touched)]), rest
+
+    def columns(self, idx: np.ndarray | None = None) -> tuple:
+        """(heat, rate, node, npages, last_move) of units ``idx`` (all units when None), heat
+        and rate as float64, npages and last_move as int64; rate None without a rate column."""
+        st = self.state
+        if idx is None:
+            rate = st.rate if "rate" in st.a.dtype.names else None
+            return (np.asarray(st.heat, np.float64),
+                    None if rate is None else rate.astype(np.float64),
+                    st.node, st.npages.astype(np.int64), st.last_move.astype(np.int64))
+        r = st.rows(idx)
+        return (r["heat"].astype(np.float64), r["rate"].astype(np.float64), r["node"],
+                r["npages"].astype(np.int64), r["last_move"].astype(np.int64))
+
+    def units(self) -> tuple[Units, float]:
+        """The units to rank with their columns, and the summed heat of those left out."""
+        idx, rest = self.candidates()
+        cols = self.columns(idx if self.incremental else None)
+        return Units(self, idx, *cols), rest
+
+    def keys(self, idx: np.ndarray) -> np.ndarray:
+        """The keys of state units ``idx``."""
+        if self.incremental:
+            return self.state.keys(idx)
+        if self._keys is None:
+            self._keys = unit_keys(self.state)
+        return self._keys[idx]
+
+    def pages_on(self, node: int, units: Units) -> int:
+        """Pages on ``node``: the state's count, or summed over ``units`` when read whole."""
+        if self.incremental:
+            return self.state.pages_on(node)
+        return int(units.npages[units.node == node].sum())
+
+    def coldest(self, node: int, n: int) -> tuple[np.ndarray, bool]:
+        """(at least ``n`` of the units on ``node``, coldest per page first, or all of them;
+        whether that is all)."""
+        return self.state.coldest(node, n)
+
+    def pool_columns(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(last_move as int64, npages, rate) of state units ``idx``."""
+        st = self.state
+        return st.last_move[idx].astype(np.int64), st.npages[idx], st.rate[idx]
+
+    def stuck(self, idx: np.ndarray) -> np.ndarray:
+        """Which of state units ``idx`` the kernel refused to move (shared pages)."""
+        return self.state.stuck(idx)
+
+    def sample_keys(self, pid: int, addr: np.ndarray) -> np.ndarray | None:
+        """The keys of a sample's units, None for a target the state has not read yet."""
+        pids = self.state.pids
+        if pid not in pids:
+            return None
+        return core_state.unit_keys(pids.index(pid), addr)
