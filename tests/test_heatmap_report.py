@@ -85,10 +85,16 @@ def cli(*args) -> subprocess.CompletedProcess:
 def test_heat_matrix_golden_and_band_moves(trace_path):
     from pagetier.profiler.heatmap import heat
 
-    h = heat(read_trace(trace_path), rows=24)
+    tr = read_trace(trace_path)
+    h = heat(tr, rows=24)
     check_golden("heatmap_phased.json", json.dumps(h.to_json(), indent=1) + "\n")
-    # data, the heap's bands, its cold tail: the gaps between them are collapsed
-    assert [hex(lo) for lo, _ in h.segments] == [hex(DATA), hex(HEAP), hex(HEAP + 0x3F8000)]
+    # the mapped memory: the executable's mappings with its heap, and the whole 4 MiB heap
+    # region, its idle parts too; only the unmapped gap between the two is collapsed
+    assert h.segments == [(0x555555554000, 0x555555589000), (HEAP, HEAP + PAGES * 4096)]
+    assert h.mapped.all() and (h.matrix == 0).any()
+    # the accessed pages alone: data, the heap's bands and its cold tail, gaps collapsed
+    only = heat(tr, rows=24, only_accessed=True)
+    assert [hex(lo) for lo, _ in only.segments] == [hex(DATA), hex(HEAP), hex(HEAP + 0x3F8000)]
     # the hottest heap row moves up once per phase
     heap_rows = slice(h.seg_rows[1], None)
     tops = [int(np.argmax(h.matrix[heap_rows, c])) for c in range(h.matrix.shape[1])]
@@ -106,13 +112,47 @@ def test_ascii_heatmap_golden(trace_path):
 def test_png_heatmap(trace_path, tmp_path):
     png = tmp_path / "heat.png"
     out = cli("heatmap", trace_path, "-o", png).stdout
-    assert "3 segment(s)" in out
+    assert "2 segment(s)" in out
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    import matplotlib.colors as mcolors
     import matplotlib.image as mpimg
+
+    from pagetier.profiler.heatmap import IDLE_COLOUR
 
     img = mpimg.imread(str(png))
     assert img.shape[0] >= 500 and img.shape[1] >= 900
+    # the idle mapped memory is drawn in the dark idle colour
+    idle = np.array(mcolors.to_rgb(IDLE_COLOUR))
+    assert (np.abs(img[:, :, :3] - idle).max(axis=2) < 0.02).mean() > 0.05
+
+
+def test_cold_memory_is_drawn_where_it_is(tmp_path):
+    """A 256 MiB program whose hot 32 MiB sit 96 MiB into it: the heatmap draws all 256 MiB,
+    the cold 224 MiB idle (mapped, value 0) below and above the hot rows, so the picture shows
+    where the hot part sits; --only-accessed draws the 32 MiB alone."""
+    from pagetier.profiler.heatmap import heat
+
+    base, mib = HEAP, 1 << 20
+    hot = base + np.uint64(96 * mib) + np.arange(32 * 256, dtype=np.uint64) * np.uint64(4096)
+    frames = [(i, i + 1.0, Sample(77, hot, np.full(len(hot), 5, np.uint32),
+                                  np.zeros(len(hot), np.int16), np.ones(len(hot), np.uint16)))
+              for i in range(4)]
+    p = tmp_path / "big.parquet"
+    write_trace(p, frames, {"backend": "stub", "interval_s": 1.0, "pids": [77],
+                            "processes": {"77": {"maps": [[base, base + 256 * mib, "rw-p", ""]]}}})
+    tr = read_trace(p)
+    h = heat(tr, rows=64)
+    assert h.segments == [(base, base + 256 * mib)] and h.pages == 256 * 256
+    hot_rows = np.flatnonzero(h.matrix.max(axis=1) > 0)
+    assert list(hot_rows) == list(range(24, 32))  # 96..128 MiB of 256, in 64 rows
+    assert h.mapped.all() and (h.matrix[:24] == 0).all() and (h.matrix[32:] == 0).all()
+    text = cli("heatmap", p, "--ascii", "--rows", "16").stdout
+    rows = [line.split()[1].lstrip("|~") for line in text.splitlines()
+            if line.strip().startswith("0x")]
+    assert len(rows) == 16 and rows.count("." * len(rows[0])) == 14  # 14 idle rows, 2 hot
+    only = heat(tr, rows=64, only_accessed=True)
+    assert only.segments == [(int(hot[0]), int(hot[-1]) + 4096)]
 
 
 def test_report_golden(trace_path):

@@ -20,17 +20,21 @@ from pagetier.profiler.heatmap import (ASCII_WIDTH, METRICS, ascii_heatmap, heat
 @click.option("--rows", type=click.IntRange(2, 4096), help="address rows (PNG 256, ASCII 20)")
 @click.option("--cols", type=click.IntRange(1, 4096), help="time columns (ASCII at most 64)")
 @click.option("--gap", default="1M", show_default=True,
-              help="collapse unused address ranges larger than this (K, M, G suffixes)")
+              help="collapse unmapped address ranges larger than this (K, M, G suffixes)")
+@click.option("--only-accessed", is_flag=True,
+              help="draw only the pages that were accessed (leave the idle mapped memory out)")
 @click.option("--metric", type=click.Choice(METRICS),
               help="freq: estimated accesses/s (default when the trace has estimates); count")
 @click.option("--json", "as_json", is_flag=True, help="print the heat matrix as JSON")
-def command(trace_file, output, as_ascii, pid, rows, cols, gap, metric, as_json):
-    """Draw a trace as time x address, with unused address gaps collapsed.
+def command(trace_file, output, as_ascii, pid, rows, cols, gap, only_accessed, metric, as_json):
+    """Draw TRACE (a file from `pagetier record`, or builtin:NAME) as time x address: the
+    memory the process had mapped, idle parts dark, with unmapped address gaps collapsed.
 
     \b
     Examples:
       pagetier heatmap run.parquet -o heat.png
       pagetier heatmap run.parquet --ascii
+      pagetier heatmap builtin:redis --ascii --only-accessed
       pagetier heatmap run.parquet --json --rows 32 > heat.json
       pagetier heatmap run.parquet --ascii --metric count
     """
@@ -45,13 +49,14 @@ def command(trace_file, output, as_ascii, pid, rows, cols, gap, metric, as_json)
     if as_ascii or as_json:
         width_cols = ASCII_WIDTH - 16
         h = heat(trace, pid, rows=rows or 20, cols=min(cols or width_cols, width_cols), gap=gap_b,
-                 metric=metric)
+                 metric=metric, only_accessed=only_accessed)
         if as_json:
             click.echo(json.dumps(h.to_json()))
         else:
             click.echo(ascii_heatmap(h, title_of(trace, h.pid)))
     if output:
-        h = heat(trace, pid, rows=rows or 256, cols=cols, gap=gap_b, metric=metric)
+        h = heat(trace, pid, rows=rows or 256, cols=cols, gap=gap_b, metric=metric,
+                 only_accessed=only_accessed)
         png_heatmap(h, output, title_of(trace, h.pid))
         if not as_json:
             click.echo(f"wrote {output}: {h.matrix.shape[1]} time columns x "
