@@ -29,8 +29,9 @@ class Capacity:
         budget = max(0, int(ctx.fast_budget))
         low, high = int(budget * c.low_watermark), int(budget * c.high_watermark)
         node = None if ctx.fast_capacity is None else max(0, int(ctx.fast_capacity))
-        return cls(budget, low, high, node,
-                   low if node is None else min(low, node), high if node is None else min(high, node))
+        if node is None:
+            return cls(budget, low, high, None, low, high)
+        return cls(budget, low, high, node, min(low, node), min(high, node))
 
     @property
     def node_bound(self) -> bool:

@@ -104,8 +104,7 @@ class PhaseWatch:
             return no("overlap")
         # most of this read's accesses on the last hot set: the same phase, read in part. With
         # noise on every huge unit a read that probed few of the hot units ranks noise units
-        # on top, and acting on it as a phase change traded noise units for noise units
-        # (bench live noise1000: 1-5k pages a time, half the MB moved)
+        # on top, and acting on it as a phase change would trade noise units for noise units
         if self._mostly_on(akeys, rate[acc], prev):
             return no("mass")
         order, now_ref, _ = hot_order(rate / (1.0 - decay), acc, fast, c)
@@ -120,7 +119,7 @@ class PhaseWatch:
     def _irregular(self, akeys: np.ndarray, arate: np.ndarray) -> bool:
         """Whether the history rules out a phase change by a read's rates (accessed units' keys
         and rates): an irregular run, and no phase change before it, or the hot set since the
-        last one has not held, or the read goes back to a set of the last two (see 7.)."""
+        last one has not held, or the read goes back to a set of the last two."""
         c = self.config
         return float(np.mean(self._overlap)) < c.regular_jaccard and (
             not self._changed or self._held < c.held_reads or self._back(akeys, arate))
@@ -132,7 +131,7 @@ class PhaseWatch:
         return on >= self.config.phase_mass * float(arate.sum())
 
     def read_now(self, state, samples: dict) -> bool:
-        """A look between reads (7.): True when the units estimated since the last read hold
+        """A look between reads: True when the units estimated since the last read hold
         at least half as many pages as the last read's (not a period that missed most of
         them), have most of their rates off the last hot set, in a history where a read's rates
         may show a phase change, and rank a new set about as hot and as large as the last one

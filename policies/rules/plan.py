@@ -6,6 +6,8 @@ the fill rule, hottest first; while the watermark demands demotions, warm units 
 exchange bar) do not refill what it freed. The exchange planner (``plan_moves``) pairs them
 with victims. Throttled, both sides of an exchange are judged on two reads: the candidate on
 the lower of its estimates (now, and after the last read), the victim on the higher.
+Demotions come first in the plan and the daemon moves them first, so the promotions find the
+room freed.
 """
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 
 When more than ``thrash_ratio`` of a plan's pages (or of their moving average) are move-backs
 (policies/rules/residency.py), for the next ``thrash_window`` intervals an exchange needs
-``thrash_margin`` instead of ``margin``, judged on two reads (the candidate's lower estimate
+``thrash_margin`` instead of ``margin`` (by default more than four times the victim's heat:
+pagetier.ko's probe windows are 4 times apart, so two units one window apart are not told
+apart by one estimate), judged on two reads (the candidate's lower estimate
 against the victim's higher one), and exchanges use ``throttle_scale`` of the rate limit. A
 unit clearly hotter than the one it would replace still moves. When the plans made under the
 throttle still move back more than ``freeze_ratio`` of their pages (a moving average), units
