@@ -82,22 +82,29 @@ class Executor:
                   for chunk in self._chunks(idx[pids == pid])]
         ok = True
         t0, before = self.clock.monotonic(), acc["moved_pages"]
-        for k, (pid, chunk) in enumerate(chunks):
-            if pid in gone_pids:
-                continue
-            if k and deadline is not None and self.clock.monotonic() >= deadline:
-                acc["deferred"] += sum(int(st.npages[c].sum(dtype=np.int64))
-                                       for p, c in chunks[k:] if p not in gone_pids)
-                break
-            res = self._move_chunk(int(pid), chunk, node, acc, forget, ping_pong_window)
-            if res == "gone":
-                gone_pids.add(pid)
-            elif res == "skip":  # skipped this interval: the pid's other chunks too
-                chunks[k + 1:] = [(p, c) for p, c in chunks[k + 1:] if p != pid]
-            elif res == "full":
-                self.node_full(node, True)
-                ok = False
-                break
+        # the chunks' moved and failed units, recorded in the state once at the end (its
+        # bookkeeping costs per call, and a chunk of region units is only 4 of them)
+        done: dict[int, list] = {}
+        try:
+            for k, (pid, chunk) in enumerate(chunks):
+                if pid in gone_pids:
+                    continue
+                if k and deadline is not None and self.clock.monotonic() >= deadline:
+                    acc["deferred"] += sum(int(st.npages[c].sum(dtype=np.int64))
+                                           for p, c in chunks[k:] if p not in gone_pids)
+                    break
+                res = self._move_chunk(int(pid), chunk, node, acc, forget, ping_pong_window,
+                                       done.setdefault(int(pid), [[], []]))
+                if res == "gone":
+                    gone_pids.add(pid)
+                elif res == "skip":  # skipped this interval: the pid's other chunks too
+                    chunks[k + 1:] = [(p, c) for p, c in chunks[k + 1:] if p != pid]
+                elif res == "full":
+                    self.node_full(node, True)
+                    ok = False
+                    break
+        finally:
+            self._record(done, node)
         if ok and acc["moved_pages"]:
             self.node_full(node, False)
         self.measure(acc["moved_pages"] - before, self.clock.monotonic() - t0)
@@ -111,10 +118,27 @@ class Executor:
         # a unit whose pages cross a multiple of CHUNK_PAGES closes its chunk
         return [c for c in np.split(sel, cuts + 1) if len(c)]
 
+    def _record(self, done: dict[int, list], node: int) -> None:
+        """Record in the state (and tell a stub profiler) the units each pid's chunks moved to
+        ``node`` and those whose move failed for good: ``done`` is pid -> [moved, failed], lists
+        of index arrays."""
+        st = self.state
+        moved = [np.concatenate(m) for m, _ in done.values() if m]
+        if moved:
+            st.record_moves(np.concatenate(moved), node)
+        failed = [np.concatenate(f) for _, f in done.values() if f]
+        if failed:
+            st.mark_stuck(np.concatenate(failed))
+        if hasattr(self.profiler, "moved"):  # the stub profiler follows moves in tests
+            for pid, (m, _) in done.items():
+                if m:
+                    self.profiler.moved(pid, st.addresses(np.concatenate(m)), node)
+
     def _move_chunk(self, pid: int, sel: np.ndarray, node: int, acc: dict, forget: list,
-                    ping_pong_window: int) -> str | None:
+                    ping_pong_window: int, done: list) -> str | None:
         """One move_pages call's worth; "gone" (the target exited), "skip" (not this
-        interval), "full" (ENOMEM) or None."""
+        interval), "full" (ENOMEM) or None. The units moved and failed for good are appended
+        to ``done`` ([moved, failed]) for :meth:`_record`."""
         st = self.state
         region = st.is_region(sel)
         regions = bool(region.any())
@@ -145,13 +169,11 @@ class Executor:
         moved_pages = pages(res.moved, "moved")
         acc["moved_pages"] += moved_pages
         acc["bytes_moved"] += moved_pages * PAGE_SIZE
-        st.record_moves(moved, node)
-        if hasattr(self.profiler, "moved"):  # the stub profiler follows moves in tests
-            self.profiler.moved(pid, st.addresses(moved), node)
+        done[0].append(moved)
         acc["busy"] += pages(res.busy, "busy")
         acc["failed"] += pages(res.failed, "failed")
         acc["nomem"] += pages(res.nomem, "nomem")
-        st.mark_stuck(sel[res.failed])
+        done[1].append(sel[res.failed])
         acc["gone"] += len(res.gone)
         forget.append(sel[res.gone])
         for k, v in res.errors.items():

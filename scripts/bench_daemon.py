@@ -15,7 +15,20 @@
    (``--baseline``, default main: exported with git archive and run in a child process), side
    by side, as ratios. "%core/GiB" is the step's CPU per interval over a 1 s interval, per
    GiB tracked; "B/unit" the state's bytes per tracked unit.
-2. move_pages throughput of pagetier.core.mover against a plain batched numa_move_pages loop
+2. ``--scale``: the native scale run. Footprints of 64 GiB, 1 TiB and 4 TiB (``--sizes``), 1%
+   and 5% of the memory accessed per interval (``--hot``), clustered as real hot sets are
+   (runs of 2-64 MiB for nine runs in ten, of under 2 MiB for the rest, at random places; 2% of
+   the runs replaced each interval) plus 100 ppm of the 4 KiB pages accessed anywhere (noise,
+   new each interval). The stub lists region units (2 MiB of 4 KiB pages, pagetier.ko's
+   granularity "region": counts summed over the pages of each region), the accessed ones each
+   interval and one part in 16 of every region (``Profiler.read_part``: the complete read,
+   spread). Per size: the daemon's CPU per 1 s interval (mean of ``--intervals``, the first
+   interval, which creates the state, left out; the stub's own time is the kernel's work and
+   left out too), as % of one core, the worst interval over the median, the state's bytes and
+   the records read per interval. Beside it, the code before (``--baseline``, default d4ff290)
+   at page granularity on the same accesses, where its state fits in memory (64 GiB: 16.8
+   million units; 1 TiB would be 268 million, 11.8 GB of state).
+3. move_pages throughput of pagetier.core.mover against a plain batched numa_move_pages loop
    over the same pages (pages/s and the ratio). With one node (the host) both "move" to node 0
    (the kernel checks each page and finds it in place); with two (the VM) each round moves the
    pages to the other node.
@@ -25,11 +38,14 @@ Usage:
                                            [--baseline main] [--baseline-intervals N]
                                            [--move-size 64M] [--rounds 6] [--policy heuristic]
   scripts/vm -- .venv/bin/python scripts/bench_daemon.py --sizes 64M --move-size 256M
+  .venv/bin/python scripts/bench_daemon.py --scale [--sizes 64G,1T,4T] [--hot 0.01,0.05]
+                                           [--baseline d4ff290] [-o docs/daemon-scale.md]
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import datetime
 import json
 import mmap
 import os
@@ -51,6 +67,11 @@ from pagetier.core import mover  # noqa: E402
 from pagetier.daemon.loop import Daemon  # noqa: E402
 from pagetier.profiler.base import Sample  # noqa: E402
 from pagetier.profiler.stub import StubProfiler  # noqa: E402
+
+try:  # a baseline from before read_part has no parts
+    from pagetier.profiler.base import part_span  # noqa: E402
+except ImportError:
+    part_span = None
 
 PAGE = 4096
 
@@ -125,6 +146,240 @@ def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.
             "merge_ms": mean(merge), "decide_ms": mean(decide), "step_ms": mean(step),
             "max_ms": max(step[1:]) * 1000}
 
+# --------------------------------------------------------------------------- the scale run
+HUGE_PAGES = 512
+NOISE_PPM = 100
+SCALE_CHURN = 0.02  # share of the hot runs replaced each interval
+BASE = 0x7F0000000000
+
+
+class ClusteredAccesses:
+    """Each interval's accessed 4 KiB pages of a ``size`` footprint: a hot set of runs (nine in
+    ten 2-64 MiB long, the rest under 2 MiB, at random places) covering about ``hot_frac`` of
+    the pages, a ``churn`` share of the runs replaced each interval, plus NOISE_PPM of the pages
+    anywhere, new each interval. Kept as runs, never as one array of every page."""
+
+    def __init__(self, size: int, hot_frac: float, churn: float = SCALE_CHURN, seed: int = 1):
+        self.pages = size // PAGE
+        self.rng = np.random.default_rng(seed)
+        rng = self.rng
+        want = int(self.pages * hot_frac)
+        # mean run length: 0.9 * mean(log-uniform 512..16384) + 0.1 * 256 pages
+        mean = 0.9 * (16384 - 512) / np.log(16384 / 512) + 0.1 * 256
+        n = max(1, int(round(want / mean)))
+        self.start, self.length = self._runs(n)
+        self.per_page = rng.integers(1, 50, n).astype(np.int64)  # accesses per page of a run
+        self.n_churn = int(round(n * churn))
+
+    def _runs(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = self.rng
+        long_ = rng.random(n) < 0.9
+        length = np.where(long_, np.exp(rng.uniform(np.log(512), np.log(16384), n)),
+                          rng.integers(1, 512, n)).astype(np.int64)
+        start = rng.integers(0, self.pages - length)
+        return start.astype(np.int64), length
+
+    def advance(self) -> None:
+        if self.n_churn:
+            k = self.rng.choice(len(self.start), self.n_churn, replace=False)
+            self.start[k], self.length[k] = self._runs(self.n_churn)
+            self.per_page[k] = self.rng.integers(1, 50, self.n_churn)
+
+    def noise(self) -> np.ndarray:
+        return self.rng.integers(0, self.pages, int(self.pages * NOISE_PPM / 1e6))
+
+    def regions(self, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted region indices with an access, their accesses summed over their pages)."""
+        first = self.start // HUGE_PAGES
+        last = (self.start + self.length - 1) // HUGE_PAGES
+        nreg = last - first + 1
+        run = np.repeat(np.arange(len(first)), nreg)
+        reg = first[run] + (np.arange(len(run)) - np.repeat(np.cumsum(nreg) - nreg, nreg))
+        lo = np.maximum(self.start[run], reg * HUGE_PAGES)
+        hi = np.minimum(self.start[run] + self.length[run], (reg + 1) * HUGE_PAGES)
+        idx = np.concatenate([reg, noise // HUGE_PAGES])
+        cnt = np.concatenate([(hi - lo) * self.per_page[run], np.ones(len(noise), np.int64)])
+        u, inv = np.unique(idx, return_inverse=True)
+        return u, np.bincount(inv.reshape(-1), weights=cnt, minlength=len(u)).astype(np.int64)
+
+    def page_set(self, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted page indices with an access, their accesses)."""
+        run = np.repeat(np.arange(len(self.start)), self.length)
+        off = np.arange(len(run)) - np.repeat(np.cumsum(self.length) - self.length, self.length)
+        idx = np.concatenate([self.start[run] + off, noise])
+        cnt = np.concatenate([self.per_page[run], np.ones(len(noise), np.int64)])
+        u, inv = np.unique(idx, return_inverse=True)
+        return u, np.bincount(inv.reshape(-1), weights=cnt, minlength=len(u)).astype(np.int64)
+
+
+def bench_scale(size: int, intervals: int, policy: str, hot_frac: float,
+                granularity: str = "region") -> dict:
+    """The daemon over ``intervals`` intervals (after the first) of ClusteredAccesses, with a
+    stub reading as pagetier.ko at ``granularity`` ("region" or "page"), a stub mover whose
+    moves the stub's nodes follow; runs on this tree or a baseline's (``--scale-worker``)."""
+    region = granularity == "region"
+    unit_pages = HUGE_PAGES if region else 1
+    units = size // PAGE // unit_pages
+    acc = ClusteredAccesses(size, hot_frac)
+    rng = np.random.default_rng(2)
+    addr = np.uint64(BASE) + np.arange(units, dtype=np.uint64) * np.uint64(PAGE * unit_pages)
+    node = np.where(rng.random(units) < 0.4, 0, 1).astype(np.int16)  # 80% of the budget
+    npages = np.full(units, unit_pages, np.uint16)
+    kw = {"region": np.ones(units, bool)} if region else {}  # a baseline's Sample has none
+    records = []  # records read per interval
+
+    def sample(pid, sel, count, complete, span=None):
+        extra = {k: v[sel] for k, v in kw.items()}
+        if span is not None:
+            extra["span"] = span
+        records.append(len(addr[sel]))
+        return Sample(pid=pid, addr=addr[sel], count=np.minimum(count, 2**32 - 1).astype(np.uint32),
+                      node=node[sel], npages=npages[sel], complete=complete, **extra)
+
+    class Mover:
+        """move_pages as the stub sees it: the units' nodes follow; its time is the kernel's."""
+
+        def move(self, pid, addrs, to, region=None):
+            t0 = time.process_time()
+            i = ((np.asarray(addrs, np.uint64) - np.uint64(BASE))
+                 // np.uint64(PAGE * unit_pages)).astype(np.int64)
+            node[i] = to
+            res = mover.MoveResult(moved=np.arange(len(addrs)))
+            if region is not None:
+                res.region_pages = {"moved": int(np.count_nonzero(region)) * HUGE_PAGES}
+            Kstub.read_s += time.process_time() - t0
+            return res
+
+    class Kstub(StubProfiler):
+        read_s = 0.0  # the stub's own CPU (its reads and moves): the kernel's work
+
+        def read(self, pid, reset=True, accessed_only=False):
+            t0 = time.process_time()
+            try:
+                self.attached[pid] += 1
+                acc.advance()
+                sel, count = (acc.regions if region else acc.page_set)(acc.noise())
+                if accessed_only:
+                    return sample(pid, sel, count, False)
+                full = np.zeros(units, np.int64)
+                full[sel] = count
+                return sample(pid, slice(None), full, True)
+            finally:
+                Kstub.read_s += time.process_time() - t0
+
+        def read_part(self, pid, part, parts):
+            t0 = time.process_time()
+            try:
+                start, end = part_span(BASE, BASE + size, part, parts)
+                step = PAGE * unit_pages
+                lo = max(0, -(-(start - BASE) // step))
+                hi = min(units, max(0, -(-(end - BASE) // step)))
+                sel = slice(lo, hi)
+                return sample(pid, sel, np.zeros(hi - lo, np.int64), True, (start, end))
+            finally:
+                Kstub.read_s += time.process_time() - t0
+
+    # the default migration rate (512 MB/s): what the daemon moves in an interval as it would
+    cfg = config_mod.load(None, {"policy": policy, "profiler": "stub", "dry_run": False,
+                                 "fast_budget": size // 2, "json": True})
+    cfg.handle_signals, cfg.status_file = False, "/dev/null"
+    from pagetier import policies
+
+    prof = Kstub()  # (a baseline's daemon never asks for a part)
+    d = Daemon(cfg, pids=[1], profiler=prof, policy=policies.create(policy), numab=False,
+               mover=Mover(), out=open(os.devnull, "w"))
+    d.tracker.alive = lambda pid: True
+    d.tracker.attach(1)
+    step, recs = [], []
+    for i in range(intervals + 1):
+        Kstub.read_s = 0.0
+        n0 = len(records)
+        stats = d.step()
+        step.append(stats["cpu_s"] - Kstub.read_s)
+        recs.append(sum(records[n0:]))
+    steady = step[1:]
+    med = statistics.median(steady)
+    return {"size": size, "units": units, "granularity": granularity,
+            "accessed": float(np.mean([r for r in recs[1:]])),
+            "step_ms": statistics.mean(steady) * 1000, "median_ms": med * 1000,
+            "max_ms": max(steady) * 1000, "worst_ratio": max(steady) / med if med else 0.0,
+            "state_bytes": int(d.state.nbytes), "records": statistics.mean(recs[1:]),
+            "moved": d.totals["promoted"] + d.totals["demoted"]}
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def run_scale(a, tree) -> int:
+    """The native scale run (``--scale``): print the table; with ``-o`` append it to a file."""
+    sizes = a.sizes or "64G,1T,4T"
+    max_base = config_mod.parse_size(a.baseline_max_size)
+    head = ["tracked", "accessed", "records/interval", "CPU ms/interval", "% of a core",
+            "worst/median", "state", "before: CPU ms", "before: % core", "before: worst/median",
+            "before: state", "ratio"]
+    rows = []
+    print(f"scale run: stub profiler at region granularity, daemon policy {a.policy}, mean of "
+          f"{a.intervals} intervals of 1 s; accessed: clustered runs (90% of 2-64 MiB) plus "
+          f"{NOISE_PPM} ppm of the pages anywhere")
+    if tree is not None:
+        print(f"before: {a.baseline} at page granularity (4 KiB units), same accesses, "
+              f"up to {a.baseline_max_size}")
+    print(" | ".join(head))
+    for s in sizes.split(","):
+        size = config_mod.parse_size(s)
+        for h in (float(x) for x in a.hot.split(",")):
+            r = run_scale_worker(None, size, a.intervals, a.policy, h, "region")
+            row = [s, f"{h:.0%}", f"{r['records']:,.0f}", f"{r['step_ms']:.1f}",
+                   f"{r['step_ms'] / 10:.2f}%", f"{r['worst_ratio']:.2f}",
+                   fmt_bytes(r["state_bytes"])]
+            if tree is None:
+                row += ["-"] * 5
+            elif size > max_base:
+                units = size // PAGE
+                row += [f"not run: {units / 1e6:,.0f} M page units, "
+                        f"{fmt_bytes(units * 44)} of state", "-", "-", "-", "-"]
+            else:
+                b = run_scale_worker(tree, size, a.baseline_intervals, a.policy, h, "page")
+                row += [f"{b['step_ms']:.1f}", f"{b['step_ms'] / 10:.2f}%",
+                        f"{b['worst_ratio']:.2f}", fmt_bytes(b["state_bytes"]),
+                        f"{b['step_ms'] / r['step_ms']:.0f}x"]
+            rows.append(row)
+            print(" | ".join(row), flush=True)
+    if a.output:
+        table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        table += ["| " + " | ".join(r) + " |" for r in rows]
+        day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        text = (f"\n### {day}: native scale run, region units\n\n"
+                f"`scripts/bench_daemon.py --scale --sizes {sizes} --hot {a.hot} --intervals "
+                f"{a.intervals} --baseline {a.baseline}`: the stub profiler lists region units "
+                f"(2 MiB of 4 KiB pages), the accessed ones each interval and 1/16 of all of them "
+                f"(the complete read, spread); accessed: clustered runs (nine in ten of 2-64 MiB) "
+                f"plus {NOISE_PPM} ppm of the pages anywhere; CPU per 1 s interval, mean of "
+                f"{a.intervals}, the stub's own time left out. \"before\": {a.baseline} at page "
+                f"granularity on the same accesses, run only where its state fits "
+                f"(up to {a.baseline_max_size}).\n\n" + "\n".join(table) + "\n")
+        with open(a.output, "a") as f:
+            f.write(text)
+        print(f"appended to {a.output}")
+    return 0
+
+
+def run_scale_worker(tree: Path | None, size: int, intervals: int, policy: str, hot: float,
+                     granularity: str) -> dict:
+    """One scale measurement in a child process (each starts with a clean heap): this tree's
+    code, or ``tree``'s (a baseline)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PAGETIER_BENCH_ROOT"] = str(tree)
+    out = subprocess.run([sys.executable, __file__, "--scale-worker", str(size), str(intervals),
+                          policy, str(hot), granularity], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
 
 def baseline_tree(rev: str) -> Path:
     """``rev``'s pagetier exported into a temporary tree laid out as the installed package."""
@@ -189,13 +444,20 @@ def bench_move(size: int, rounds: int) -> dict:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--scale-worker"]:  # one scale measurement, as JSON (maybe in a baseline)
+        size, intervals, policy, hot, gran = argv[1:6]
+        print(json.dumps(bench_scale(int(size), int(intervals), policy, float(hot), gran)))
+        return 0
     if argv[:1] == ["--worker"]:  # one measurement, as JSON (in a baseline's tree)
         size, intervals, policy, hot, churn, dry = argv[1:7]
         print(json.dumps(bench_intervals(int(size), int(intervals), policy, float(hot),
                                          float(churn), dry == "1")))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="4G,64G", help="tracked sizes (default %(default)s)")
+    ap.add_argument("--scale", action="store_true",
+                    help="the native scale run (region units, 64 GiB to 4 TiB) instead of 1-2")
+    ap.add_argument("--sizes", default=None,
+                    help="tracked sizes (default 4G,64G; with --scale 64G,1T,4T)")
     ap.add_argument("--hot", default="0.01,0.05",
                     help="fractions of the units accessed each interval (default %(default)s)")
     ap.add_argument("--intervals", type=int, default=17,
@@ -206,8 +468,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="plan without moving (the same moves are planned every interval); "
                          "default: a stub mover records the moves, the stub's nodes follow")
-    ap.add_argument("--baseline", default="main",
-                    help="git revision to compare with; 'none' to skip (default %(default)s)")
+    ap.add_argument("--baseline", default=None,
+                    help="git revision to compare with; 'none' to skip (default main; with "
+                         "--scale d4ff290, the code before region units)")
     ap.add_argument("--baseline-intervals", type=int, default=None,
                     help="intervals measured for the baseline (default: as --intervals, so that "
                          "both means include the complete read; fewer halve the run but leave "
@@ -218,12 +481,26 @@ def main(argv=None) -> int:
     ap.add_argument("--move-size", default="64M")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--skip-move", action="store_true")
+    ap.add_argument("-o", "--output", metavar="FILE",
+                    help="--scale: append the table to FILE (markdown, a dated section)")
     a = ap.parse_args(argv)
     if a.baseline_intervals is None:
         a.baseline_intervals = a.intervals
     if a.rounds < 1 and not a.skip_move:
         ap.error(f"--rounds must be at least 1, got {a.rounds} (--skip-move skips part 2)")
 
+    if a.baseline is None:
+        a.baseline = "d4ff290" if a.scale else "main"
+    if a.scale:
+        tree = None if a.baseline == "none" else baseline_tree(a.baseline)
+        try:
+            return run_scale(a, tree)
+        finally:
+            if tree is not None:
+                subprocess.run(["rm", "-rf", str(tree)], check=False)
+    if a.output:
+        ap.error("-o/--output goes with --scale")
+    a.sizes = a.sizes or "4G,64G"
     tree = None if a.baseline == "none" else baseline_tree(a.baseline)
     print(f"1. {'dry-run ' if a.dry_run else ''}intervals, stub profiler reading as pagetier.ko, "
           f"4 KiB units, fast budget half, 80% used, {a.churn:.0%} of the hot set new each "

@@ -240,3 +240,30 @@ def test_daemon_reads_one_part_per_interval_and_forgets_unmapped_regions(tmp_pat
     assert calls[0] == ("read", False)
     assert all(c != ("read", False) for c in calls[1:])
     assert {c[1] for c in calls if c[0] == "part"} == set(range(FULL_READ_EVERY))
+
+
+def test_coldest_from_a_former_order_is_the_order_from_scratch():
+    """PageState.coldest re-sorts only the units accessed since its last order and those that
+    joined; the result must be the (heat per page, index) order of a sort from scratch, ties
+    included, interval after interval, with units moved in and out of the node."""
+    rng = np.random.default_rng(3)
+    n = 6000
+    st = PageState()
+    addr = np.uint64(BASE) + np.arange(n, dtype=np.uint64) * np.uint64(HUGE)
+    st.begin_interval()
+    st.update(Sample(pid=1, addr=addr, count=np.zeros(n, np.uint32),
+                     node=np.where(rng.random(n) < 0.7, 0, 1).astype(np.int16),
+                     npages=np.full(n, 512, np.uint16), region=np.ones(n, bool)))
+    for i in range(12):
+        st.begin_interval()
+        acc = np.sort(rng.choice(n, 400, replace=False))
+        cnt = rng.choice([1, 2, 3, 512], len(acc)).astype(np.uint32)  # ties among the heats
+        st.update(Sample(pid=1, addr=addr[acc], count=cnt, node=st.node[acc].astype(np.int16),
+                         npages=np.full(len(acc), 512, np.uint16), region=np.ones(len(acc), bool),
+                         complete=False))
+        got, whole = st.coldest(0, 5000)
+        on = np.flatnonzero(st.node == 0)
+        want = on[np.lexsort((on, st.heat[on].astype(np.float64) / 512))]
+        assert whole and got.tolist() == want.tolist(), i
+        mv = rng.choice(n, 50, replace=False)
+        st.record_moves(mv, int(i % 2))
