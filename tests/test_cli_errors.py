@@ -86,10 +86,13 @@ CASES = [
     (["bench", "sim", "builtin:nope"], ["no built-in trace 'nope'", "redis"]),
     (["bench", "sim", SYN, "--accesses-per-count", "lots"], ["'lots'", "a number or auto"]),
     (["bench", "sim", SYN, "--preset", "nope"], ["--preset", "dram-cxl"]),
+    (["bench", "sim", SYN, "--rate", "-5"], ["--rate", "x>=0"]),
+    (["bench", "sim", SYN, "--oracle-groups", "0"], ["--oracle-groups", "x>=1"]),
     # train-rl: the output path before training
     (["train-rl", SYN, "-o", "/no/such/dir/rl.npz"], ["/no/such/dir", "does not exist"]),
     (["train-rl", SYN, "-o", "rl.npz", "--budget", "200%"], ["'200%'", "0-100%"]),
     (["train-rl", SYN, "-o", "rl.npz", "--budget", "64M"], ["'64M'", "25%"]),
+    (["train-rl", SYN, "-o", "rl.npz", "--epochs", "0"], ["--epochs", "x>=1"]),
     # bench costmodel and live, before any run or VM
     (["bench", "costmodel", "--trace", "missing.parquet", "-o", "c.json", "--", "true"],
      ["missing.parquet: no such trace file"]),
@@ -157,6 +160,24 @@ def test_bad_input_is_one_line_and_exit_1(argv, says, files, monkeypatch, capsys
 
 def test_there_are_enough_cases():
     assert len(CASES) >= 30
+
+
+def test_builtin_traces_are_named_as_report_and_heatmap_take_them(files, capsys):
+    """`bench traces` says how to name a built-in trace, and report and heatmap take that name
+    as bench sim does."""
+    from pagetier.policies import builtin_traces
+
+    def run(*argv):
+        try:
+            cli.main(list(argv))
+        except SystemExit as e:
+            assert e.code == 0, capsys.readouterr().err
+        return capsys.readouterr().out
+
+    assert "builtin:NAME" in run("bench", "traces")
+    name = builtin_traces.names()[0]
+    assert "hottest regions" in run("report", f"builtin:{name}")
+    assert "segment(s)" in run("heatmap", f"builtin:{name}", "--ascii")
 
 
 def test_the_console_script_prints_the_same_line(files):

@@ -65,7 +65,7 @@ def cost_options(f):
                      help="Real accesses one recorded count stands for; auto: 1 for synth: "
                           "traces, and for recorded ones what makes the all-fast time the "
                           "recorded duration."),
-        click.option("--rate", type=float, default=512.0, show_default=True,
+        click.option("--rate", type=click.FloatRange(0, None), default=512.0, show_default=True,
                      help="Migration rate limit in MB/s, as the daemon's --rate (0: none)."),
         click.option("--placement", type=click.Choice(["slow", "fast-first"]), default="slow",
                      show_default=True, help="Where a page goes at first touch."),
@@ -91,15 +91,17 @@ def command():
 @cost_options
 @click.option("--rl-model", type=click.Path(dir_okay=False), help="Model for the rl policy.")
 @click.option("--no-oracle", is_flag=True, help="Skip the ILP oracle (no distance to it).")
-@click.option("--oracle-time-limit", type=float, default=30.0, show_default=True,
+@click.option("--oracle-time-limit", type=click.FloatRange(0, None, min_open=True), default=30.0,
+              show_default=True,
               help="Seconds per oracle solve; past it the answer is marked bounded.")
-@click.option("--oracle-budget", type=float, default=300.0, show_default=True,
+@click.option("--oracle-budget", type=click.FloatRange(0, None, min_open=True), default=300.0,
+              show_default=True,
               help="Seconds for all oracle solves together (each gets its share of what is "
                    "left, at most --oracle-time-limit).")
-@click.option("--oracle-groups", type=int, default=256, show_default=True,
+@click.option("--oracle-groups", type=click.IntRange(1, None), default=256, show_default=True,
               help="At most this many groups of units (clustered by heat over time) in the "
                    "oracle's ILP.")
-@click.option("--oracle-windows", type=int, default=120, show_default=True,
+@click.option("--oracle-windows", type=click.IntRange(1, None), default=120, show_default=True,
               help="At most this many time windows in the oracle's ILP.")
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
 @click.option("-o", "--plot", "plot_path", type=click.Path(dir_okay=False),
@@ -213,7 +215,7 @@ def bench_traces(as_json):
 @click.option("--slow-node", type=int, default=1, show_default=True)
 @click.option("--cpu-node", type=int, default=0, show_default=True,
               help="Node whose CPUs run the program in both runs (-1: no CPU binding).")
-@click.option("--repeat", type=int, default=3, show_default=True,
+@click.option("--repeat", type=click.IntRange(1, None), default=3, show_default=True,
               help="Runs on each node (alternating); the fastest of each counts.")
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), default="dram-cxl", show_default=True,
               help="Where the migration cost comes from (two runs do not measure it).")

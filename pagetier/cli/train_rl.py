@@ -18,11 +18,12 @@ from pagetier.cli.bench import capacity_list, cost_options
               help="Where to write the model (.npz).")
 @click.option("--budget", default="10%,25%,50%", show_default=True,
               help="Fast-tier capacities to train for, as % of each trace's footprint.")
-@click.option("--epochs", type=int, default=20, show_default=True)
-@click.option("--population", type=int, default=24, show_default=True,
+@click.option("--epochs", type=click.IntRange(1, None), default=20, show_default=True)
+@click.option("--population", type=click.IntRange(2, None), default=24, show_default=True,
               help="Candidates per cross-entropy-method epoch.")
-@click.option("--chunks", type=int, default=32, show_default=True, help="Address chunks.")
-@click.option("--history", type=int, default=4, show_default=True,
+@click.option("--chunks", type=click.IntRange(1, None), default=32, show_default=True,
+              help="Address chunks.")
+@click.option("--history", type=click.IntRange(1, None), default=4, show_default=True,
               help="Intervals of heat in the observation.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @cost_options
