@@ -137,9 +137,14 @@ class StubProfiler(Profiler):
                        complete=False, freq=cut(s.freq), region=cut(s.region))
         return s
 
-    def read_part(self, pid: int, part: int, parts: int) -> Sample:
+    def read_part(self, pid: int, part: int, parts: int) -> Sample | None:
         """Part ``part`` of ``parts`` of what the next read would list (no reset): the units
-        starting in that part of the span from the lowest unit to the end of the highest."""
+        starting in that part of the span from the lowest unit to the end of the highest.
+        None for a subclass with a read of its own (its units are not the stub's), unless it
+        has its own read_part too."""
+        cls = type(self)
+        if cls.read is not StubProfiler.read and cls.read_part is StubProfiler.read_part:
+            return None
         if pid not in self.attached:
             raise ProcessLookupError(f"stub profiler: pid {pid} is not attached")
         return self._sample(pid, self.attached[pid], (part, parts))

@@ -5,7 +5,8 @@
    units (1M .. 16M units), a ``--hot`` fraction of them accessed every interval (1% and 5%
    by default) with noisy rates. Like pagetier.ko's READ, it lists only the accessed units
    when asked for them (READ_ACCESSED_ONLY) and every tracked unit otherwise (a complete read,
-   which is what finds unmapped units). A small part of the hot set changes every interval
+   which is what finds unmapped units; spread over 16 intervals, one part each, where the code
+   reads parts). A small part of the hot set changes every interval
    (``--churn``); a stub mover records the daemon's moves and the stub's nodes follow them
    (``--dry-run``: plan the same moves every interval instead). Intervals are timed in parts:
    merging the samples into the PageState, the policy's decision, and the whole step (CPU
@@ -121,6 +122,22 @@ def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.
             full[hot_idx] = count
             return Sample(pid=pid, addr=addr, count=full, node=node,
                           npages=np.ones(units, np.uint16), complete=True)
+
+        def read_part(self, pid, part, parts):
+            """One part of the complete read (as pagetier.ko's range read); none in a baseline
+            from before parts."""
+            if part_span is None:
+                return None
+            t0 = time.process_time()
+            try:
+                start, end = part_span(base, base + size, part, parts)
+                lo = max(0, -(-(start - base) // PAGE))
+                hi = min(units, max(0, -(-(end - base) // PAGE)))
+                return Sample(pid=pid, addr=addr[lo:hi], count=np.zeros(hi - lo, np.uint32),
+                              node=node[lo:hi], npages=np.ones(hi - lo, np.uint16),
+                              span=(start, end))
+            finally:
+                Kstub.read_s += time.process_time() - t0
 
     cfg = config_mod.load(None, {"policy": policy, "profiler": "stub", "dry_run": dry,
                                  "fast_budget": size // 2, "rate": 0, "json": True})
@@ -491,6 +508,20 @@ def main(argv=None) -> int:
 
     if a.baseline is None:
         a.baseline = "d4ff290" if a.scale else "main"
+    def fail(msg: str) -> int:
+        print(f"bench_daemon.py: {msg}", file=sys.stderr)
+        return 1
+
+    if a.output and not a.scale:
+        return fail("-o/--output goes with --scale")
+    if a.output and not os.access(os.path.dirname(os.path.abspath(a.output)), os.W_OK):
+        return fail(f"-o {a.output}: cannot write there")
+    try:
+        for x in (a.sizes or "64G").split(","):
+            config_mod.parse_size(x)
+        [float(h) for h in a.hot.split(",")]
+    except (ValueError, config_mod.ConfigError) as e:
+        return fail(f"--sizes/--hot: {e}")
     if a.scale:
         tree = None if a.baseline == "none" else baseline_tree(a.baseline)
         try:
@@ -498,8 +529,6 @@ def main(argv=None) -> int:
         finally:
             if tree is not None:
                 subprocess.run(["rm", "-rf", str(tree)], check=False)
-    if a.output:
-        ap.error("-o/--output goes with --scale")
     a.sizes = a.sizes or "4G,64G"
     tree = None if a.baseline == "none" else baseline_tree(a.baseline)
     print(f"1. {'dry-run ' if a.dry_run else ''}intervals, stub profiler reading as pagetier.ko, "
