@@ -70,7 +70,7 @@ setup(
     python_requires=">=3.11",
     # One import package, pagetier; its parts live in the repository's top-level folders.
     packages=["pagetier", "pagetier.bench", "pagetier.cli", "pagetier.core", "pagetier.profiler",
-              "pagetier.daemon", "pagetier.policies"],
+              "pagetier.daemon", "pagetier.policies", "pagetier.policies.rules"],
     package_dir={
         "pagetier": "pagetier",
         "pagetier.profiler": "profiler",
