@@ -82,7 +82,7 @@ class Executor:
                   for chunk in self._chunks(idx[pids == pid])]
         ok = True
         t0, before = self.clock.monotonic(), acc["moved_pages"]
-        # the chunks' moved and failed units, recorded in the state once at the end (its
+        # the chunks' outcomes, recorded in the state and counted once at the end (that
         # bookkeeping costs per call, and a chunk of region units is only 4 of them)
         done: dict[int, list] = {}
         try:
@@ -93,8 +93,7 @@ class Executor:
                     acc["deferred"] += sum(int(st.npages[c].sum(dtype=np.int64))
                                            for p, c in chunks[k:] if p not in gone_pids)
                     break
-                res = self._move_chunk(int(pid), chunk, node, acc, forget, ping_pong_window,
-                                       done.setdefault(int(pid), [[], []]))
+                res = self._move_chunk(int(pid), chunk, node, acc, done.setdefault(int(pid), []))
                 if res == "gone":
                     gone_pids.add(pid)
                 elif res == "skip":  # skipped this interval: the pid's other chunks too
@@ -104,7 +103,7 @@ class Executor:
                     ok = False
                     break
         finally:
-            self._record(done, node)
+            self._record(done, node, acc, forget, ping_pong_window)
         if ok and acc["moved_pages"]:
             self.node_full(node, False)
         self.measure(acc["moved_pages"] - before, self.clock.monotonic() - t0)
@@ -118,64 +117,76 @@ class Executor:
         # a unit whose pages cross a multiple of CHUNK_PAGES closes its chunk
         return [c for c in np.split(sel, cuts + 1) if len(c)]
 
-    def _record(self, done: dict[int, list], node: int) -> None:
-        """Record in the state (and tell a stub profiler) the units each pid's chunks moved to
-        ``node`` and those whose move failed for good: ``done`` is pid -> [moved, failed], lists
-        of index arrays."""
-        st = self.state
-        moved = [np.concatenate(m) for m, _ in done.values() if m]
-        if moved:
-            st.record_moves(np.concatenate(moved), node)
-        failed = [np.concatenate(f) for _, f in done.values() if f]
-        if failed:
-            st.mark_stuck(np.concatenate(failed))
-        if hasattr(self.profiler, "moved"):  # the stub profiler follows moves in tests
-            for pid, (m, _) in done.items():
-                if m:
-                    self.profiler.moved(pid, st.addresses(np.concatenate(m)), node)
+    # the outcomes of a move, as codes per unit (see _record)
+    _OUTCOMES = ("moved", "busy", "failed", "nomem", "gone")
 
-    def _move_chunk(self, pid: int, sel: np.ndarray, node: int, acc: dict, forget: list,
-                    ping_pong_window: int, done: list) -> str | None:
+    def _record(self, done: dict[int, list], node: int, acc: dict, forget: list,
+                ping_pong_window: int) -> None:
+        """Count and record the outcomes of each pid's chunks (``done``: pid -> [(units, their
+        outcome codes, region pages per outcome)]): the moved units recorded on ``node`` (a
+        move back within ``ping_pong_window`` intervals is a ping-pong), those failed for good
+        marked stuck, those gone added to ``forget``; busy, failed and nomem counted in pages
+        (a region's own pages of each outcome)."""
+        st = self.state
+        parts = [c for chunks in done.values() for c in chunks]
+        if not parts:
+            return
+        sel = np.concatenate([c[0] for c in parts])
+        code = np.concatenate([c[1] for c in parts])
+        rp = {k: sum(c[2].get(k, 0) for c in parts) for k in self._OUTCOMES}
+        region = st.is_region(sel)
+        w = np.where(region, 0, st.npages[sel]).astype(np.int64)  # a region: rp's pages
+        pages = np.bincount(code, weights=w, minlength=len(self._OUTCOMES)).astype(np.int64)
+        moved = sel[code == 0]
+        last = st.last_move[moved]
+        acc["ping_pongs"] += int(((last != NEVER) & (st.interval - last <= ping_pong_window)).sum())
+        moved_pages = int(pages[0]) + rp["moved"]
+        acc["moved_pages"] += moved_pages
+        acc["bytes_moved"] += moved_pages * PAGE_SIZE
+        acc["busy"] += int(pages[1]) + rp["busy"]
+        acc["failed"] += int(pages[2]) + rp["failed"]
+        acc["nomem"] += int(pages[3]) + rp["nomem"]
+        gone = sel[code == 4]
+        acc["gone"] += len(gone)
+        forget.append(gone)
+        if len(moved):
+            st.record_moves(moved, node)
+        failed = sel[code == 2]
+        if len(failed):
+            st.mark_stuck(failed)
+        if hasattr(self.profiler, "moved"):  # the stub profiler follows moves in tests
+            for pid, chunks in done.items():
+                m = np.concatenate([c[0][c[1] == 0] for c in chunks]) if chunks else moved[:0]
+                if len(m):
+                    self.profiler.moved(pid, st.addresses(m), node)
+
+    def _move_chunk(self, pid: int, sel: np.ndarray, node: int, acc: dict,
+                    done: list) -> str | None:
         """One move_pages call's worth; "gone" (the target exited), "skip" (not this
-        interval), "full" (ENOMEM) or None. The units moved and failed for good are appended
-        to ``done`` ([moved, failed]) for :meth:`_record`."""
+        interval), "full" (ENOMEM) or None. Its units' outcomes are appended to ``done`` for
+        :meth:`_record`."""
         st = self.state
         region = st.is_region(sel)
         regions = bool(region.any())
+        addrs = st.addresses(sel)
         prepare = getattr(self.profiler, "prepare_move", None)
         if prepare is not None:  # e.g. kmod fault mode: marked pages made movable
-            addrs = st.addresses(sel)
             prepare(pid, mover_mod.page_addresses(addrs, region)[0] if regions else addrs)
         try:
             if regions:
-                res = self.mover.move(pid, st.addresses(sel), node, region=region)
+                res = self.mover.move(pid, addrs, node, region=region)
             else:  # (stand-in movers of tests take no regions)
-                res = self.mover.move(pid, st.addresses(sel), node)
+                res = self.mover.move(pid, addrs, node)
         except mover_mod.MoveError as e:
             gone = self.target_gone(pid, e)
             if gone is False:
                 raise
             return "gone" if gone else "skip"
-        moved = sel[res.moved]
-        last = st.last_move[moved]
-        acc["ping_pongs"] += int(((last != NEVER) & (st.interval - last <= ping_pong_window)).sum())
-        rp = getattr(res, "region_pages", None) or {}
-
-        def pages(which: np.ndarray, outcome: str) -> int:
-            """4 KiB pages of an outcome: the units' pages, a region's pages of that outcome."""
-            units = which[~region[which]] if regions else which
-            return int(st.npages[sel[units]].sum(dtype=np.int64)) + rp.get(outcome, 0)
-
-        moved_pages = pages(res.moved, "moved")
-        acc["moved_pages"] += moved_pages
-        acc["bytes_moved"] += moved_pages * PAGE_SIZE
-        done[0].append(moved)
-        acc["busy"] += pages(res.busy, "busy")
-        acc["failed"] += pages(res.failed, "failed")
-        acc["nomem"] += pages(res.nomem, "nomem")
-        done[1].append(sel[res.failed])
-        acc["gone"] += len(res.gone)
-        forget.append(sel[res.gone])
+        code = np.full(len(sel), -1, np.int64)
+        for c, name in enumerate(self._OUTCOMES):
+            code[getattr(res, name)] = c
+        tried = code >= 0  # every unit has an outcome; keep only those that do
+        done.append((sel[tried], code[tried], getattr(res, "region_pages", None) or {}))
         for k, v in res.errors.items():
             acc["errors"][k] = acc["errors"].get(k, 0) + v
         return "full" if res.stopped else None
