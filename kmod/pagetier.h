@@ -88,6 +88,27 @@ struct pagetier_mode_ops {
 #define PT_PROBE_MASK (0xfUL << PT_PROBE_SHIFT)
 #define PT_PROBE_MAX_WINDOWS 6
 
+/*
+ * A region's entry in the target's region table (index: address >> PMD_SHIFT, one per 2 MiB
+ * holding present pages), a value entry: bits 0-9 present pages (0-512), 10-19 node + 1 of its
+ * first page (0: unknown), 20 pages on more than one node, 21 one huge mapping, 22 carried over
+ * by the pass that stamped it (idle: its upper-level Accessed bit was clear), 23 read its page
+ * table in the next pass whatever its bits say, 24-31 the scan generation of the pass that
+ * last saw it, 32-62 the number (t->scans) of the pass that last read its page table.
+ */
+#define PR_PRESENT_MASK 0x3ffUL
+#define PR_NODE_SHIFT 10
+#define PR_NODE_MASK (0x3ffUL << PR_NODE_SHIFT)
+#define PR_MIXED (1UL << 20)
+#define PR_HUGE (1UL << 21)
+#define PR_IDLE (1UL << 22)
+#define PR_REWALK (1UL << 23)
+#define PR_GEN_SHIFT 24
+#define PR_GEN_MASK (0xffUL << PR_GEN_SHIFT)
+#define PR_WALKED_SHIFT 32
+#define PR_WALKED_MASK (0x7fffffffUL << PR_WALKED_SHIFT)
+#define PT_REGION_PAGES (PMD_SIZE >> PAGE_SHIFT)
+
 /**
  * struct pagetier_target - one tracked process.
  *
@@ -115,8 +136,12 @@ struct pagetier_mode_ops {
  * @exec_gen:	bumped with each change of @mm (under @mm_lock held for write): a READ that
  *		copied records out resets their counts only if it is unchanged.
  * @pages:	the counts (see PT_*), under their own xa_lock. Emptied when @mm changes.
+ * @regions:	the region table (see PR_*), under its own xa_lock, never nested with @pages'
+ *		(both xarrays' locks share one lock class). Written by the scan work and UNMARK,
+ *		read by READ_REGIONS; emptied when @mm changes.
  * @work:	the scan; queued by ATTACH and by itself, cancelled by whoever unlinks the target.
- * Scan state (@gen, @ratio_now, @marked_now, @tracked_now, @cursor, @pass_started):
+ * Scan state (@gen, @ratio_now, @marked_now, @tracked_now, @cursor, @pass_started, @walked_now,
+ *		@walked_last, @regions_now, @memo_*):
  *		the scan work's own; no one else touches them.
  * Statistics (@scans, @pages_tracked, @pages_marked, @scan_ns, @walk_entries, @scan_resumes):
  *		written by the scan work only, read locklessly with READ_ONCE; @faults and
@@ -137,6 +162,7 @@ struct pagetier_target {
 	struct rw_semaphore mm_lock;
 	unsigned long exec_gen;
 	struct xarray pages;
+	struct xarray regions;
 	struct delayed_work work;
 	/* the scan's own */
 	u8 gen; /* scan generation: a pass stamps every entry it sees */
@@ -145,6 +171,11 @@ struct pagetier_target {
 	u64 tracked_now;
 	unsigned long cursor; /* where a pass cut short by the budget resumes */
 	bool pass_started;
+	u64 walked_now, walked_last; /* pages whose page table the pass read (this one, the last) */
+	u64 regions_now;
+	/* the upper-level entry whose Accessed bit the pass tested last (index + 1), and the bit */
+	unsigned long memo_pud, memo_pmd;
+	bool memo_pud_young, memo_pmd_young;
 	/* statistics */
 	u64 scans; /* complete passes */
 	u64 pages_tracked;
@@ -163,11 +194,15 @@ struct pagetier_target {
 	bool stopping; /* set before the scan work is cancelled: probes end at the next window */
 	u64 walk_entries; /* page-table entries examined by scans */
 	u64 scan_resumes; /* periods that ended at the budget, the pass resuming later */
+	u64 regions_tracked; /* regions at the end of the last pass */
+	u64 regions_idle;    /* regions carried over without reading their page table, total */
 };
 
 /* core */
 extern struct list_head pagetier_targets;
 extern unsigned int pagetier_scan_budget; /* sysfs scan_budget: page-table entries per period */
+extern unsigned int pagetier_upper_bits;  /* sysfs upper_bits: skip tables whose bit is clear */
+extern unsigned int pagetier_pud_refresh; /* sysfs pud_refresh: passes between PUD re-reads */
 void pagetier_count_access(struct pagetier_target *t, unsigned long index);
 ssize_t pagetier_uint_store(const char *buf, size_t count, unsigned int *knob, unsigned int lo,
 			    unsigned int hi);
@@ -187,6 +222,12 @@ struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
  *		examined, a present one counting as several (walk.c's WALK_PRESENT_COST).
  * @entries:	out: page-table entries examined, at every level.
  * @units:	out: present PTEs and huge PMDs handed to @pte and @pmd.
+ * @idle:	may be NULL. When set, the walk tests and clears the Accessed bit of each upper-level
+ *		entry (PUD, and PMD pointing to a page table) before it descends, and calls @idle
+ *		for one whose bit was clear with the range of region indices (address >> PMD_SHIFT)
+ *		below it that the walk covers: true skips the entry's table. No lock held.
+ * @memo_pud, @memo_pmd, @memo_pud_young, @memo_pmd_young: the last upper-level entry tested
+ *		(index + 1) and its bit, so that VMAs sharing a table see one test: in and out.
  */
 struct pagetier_walk {
 	void (*pte)(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
@@ -201,6 +242,9 @@ struct pagetier_walk {
 	unsigned long budget;
 	unsigned long entries;
 	unsigned long units;
+	bool (*idle)(struct pagetier_walk *w, unsigned long first, unsigned long last);
+	unsigned long memo_pud, memo_pmd;
+	bool memo_pud_young, memo_pmd_young;
 };
 bool pagetier_vma_tracked(struct vm_area_struct *vma);
 pte_t *pagetier_pte_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long addr,
@@ -208,6 +252,18 @@ pte_t *pagetier_pte_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long add
 void pagetier_walk_all(struct pagetier_walk *w);
 bool pagetier_walk_addr(struct pagetier_walk *w, unsigned long addr);
 int pagetier_scan(struct pagetier_target *t);
+
+/* region.c */
+void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsigned int present,
+			  unsigned int node, bool mixed, bool huge);
+bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsigned long last,
+			  u64 *units);
+void pagetier_region_rewalk(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
+void pagetier_region_drop_stale(struct pagetier_target *t);
+unsigned int pagetier_regions_chunk(struct pagetier_target *t, u32 flags, unsigned long *index,
+				    unsigned long last, struct pagetier_region *out,
+				    unsigned int want, bool *more, struct pagetier_record *pages,
+				    unsigned int *nr_pages);
 
 /* probe.c */
 /**

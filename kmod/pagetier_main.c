@@ -37,9 +37,15 @@ static unsigned int default_scan_period_ms = 1000;
 static unsigned int max_targets = 64;
 /* per scan period, in page-table entries examined (a present one counts more); 0: no limit */
 unsigned int pagetier_scan_budget = 1U << 23;
+/* skip page tables whose upper-level Accessed bit stayed clear since the last pass */
+unsigned int pagetier_upper_bits = 1;
+/* every this many passes, each PUD's table is read whatever its bit (0: never) */
+unsigned int pagetier_pud_refresh = 16;
+#define PUD_REFRESH_MAX 4096
 #define MAX_TARGETS_LIMIT 4096
 #define SCAN_BUDGET_MIN 4096
 #define READ_CHUNK 256
+#define READ_REGION_CHUNK 32 /* region records per chunk: up to 512 per-page counts each */
 #define UNMARK_BATCH 4096 /* addresses unmarked under one hold of the target's mmap_lock */
 
 static const struct pagetier_mode_ops *mode_ops(u32 mode)
@@ -115,6 +121,7 @@ static void target_release(struct kref *ref)
 	struct pagetier_target *t = container_of(ref, struct pagetier_target, ref);
 
 	xa_destroy(&t->pages);
+	xa_destroy(&t->regions);
 	mmdrop(t->mm);
 	put_pid(t->spid);
 	kfree(t);
@@ -172,8 +179,10 @@ static bool follow_exec(struct pagetier_target *t)
 	WRITE_ONCE(t->mm, mm); /* the fault hook only compares this pointer */
 	t->exec_gen++;
 	xa_destroy(&t->pages);
+	xa_destroy(&t->regions);
 	up_write(&t->mm_lock);
 	t->pass_started = false;
+	t->walked_last = 0;
 	WRITE_ONCE(t->pages_tracked, 0);
 	mmdrop(old);
 	pr_debug("pid %d called execve; following it\n", t->pid);
@@ -291,6 +300,7 @@ static long do_attach(struct file *file, struct pagetier_attach __user *arg)
 	t->sample_ratio = max_t(u32, a.sample_ratio, 1);
 	t->page_budget = a.page_budget;
 	xa_init(&t->pages);
+	xa_init(&t->regions);
 	INIT_DELAYED_WORK(&t->work, scan_work);
 
 	mutex_lock(&targets_lock);
@@ -351,13 +361,14 @@ static long do_detach(struct pagetier_detach __user *arg)
 }
 
 /*
- * Copy up to @want records of @t from *@index on into @chunk, under the xarray's lock. On
- * return *@index is where the next chunk starts and *@more says whether entries remain there.
- * Return: the number of records; *@egen the target's exec_gen they belong to.
+ * Copy up to @want records of @t from *@index on (to @last at most) into @chunk, under the
+ * xarray's lock. On return *@index is where the next chunk starts and *@more says whether
+ * entries remain there. Return: the number of records; *@egen the target's exec_gen they
+ * belong to.
  */
 static unsigned int read_chunk(struct pagetier_target *t, u32 flags, unsigned long *index,
-			       struct pagetier_record *chunk, unsigned int want, bool *more,
-			       unsigned long *egen)
+			       unsigned long last, struct pagetier_record *chunk,
+			       unsigned int want, bool *more, unsigned long *egen)
 {
 	XA_STATE(xas, &t->pages, *index);
 	unsigned int n = 0;
@@ -369,9 +380,9 @@ static unsigned int read_chunk(struct pagetier_target *t, u32 flags, unsigned lo
 	xas_lock(&xas);
 	for (;;) {
 		if (flags & PAGETIER_READ_ACCESSED_ONLY)
-			entry = xas_find_marked(&xas, ULONG_MAX, PT_ACCESSED);
+			entry = xas_find_marked(&xas, last, PT_ACCESSED);
 		else
-			entry = xas_find(&xas, ULONG_MAX);
+			entry = xas_find(&xas, last);
 		if (!entry)
 			break;
 		if (n == want) {
@@ -465,8 +476,8 @@ static long do_read(struct pagetier_read __user *arg)
 	/* records go out from the kernel copy, no lock held; counts reset once they are out */
 	index = r.cursor;
 	while (done < r.buf_len) {
-		n = read_chunk(t, r.flags, &index, chunk, min_t(u64, READ_CHUNK, r.buf_len - done),
-			       &more, &egen);
+		n = read_chunk(t, r.flags, &index, ULONG_MAX, chunk,
+			       min_t(u64, READ_CHUNK, r.buf_len - done), &more, &egen);
 		if (n && copy_to_user(ubuf + done, chunk, n * sizeof(*chunk))) {
 			ret = -EFAULT; /* this chunk's counts stay */
 			break;
@@ -484,6 +495,97 @@ static long do_read(struct pagetier_read __user *arg)
 	r.nr_records = done;
 	r.cursor = more ? index : 0;
 	return copy_to_user(arg, &r, sizeof(r)) ? -EFAULT : 0;
+}
+
+/*
+ * READ_PAGES' and READ_REGIONS' records of one chunk, from *@index on up to @last: per-page
+ * records into @out, or region records (then @pages gets the per-page records they add up, for
+ * the reset). Return: the number of records.
+ */
+static unsigned int range_chunk(struct pagetier_target *t, bool regions, u32 flags,
+				unsigned long *index, unsigned long last, void *out,
+				unsigned int want, bool *more, unsigned long *egen,
+				struct pagetier_record *pages, unsigned int *nr_pages)
+{
+	unsigned int n;
+
+	if (!regions)
+		return read_chunk(t, flags, index, last, out, want, more, egen);
+	down_read(&t->mm_lock); /* an execve empties the tables under it */
+	*egen = t->exec_gen;
+	n = pagetier_regions_chunk(t, flags, index, last, out, want, more, pages, nr_pages);
+	up_read(&t->mm_lock);
+	return n;
+}
+
+/* READ_PAGES (@regions false) and READ_REGIONS: READ over an address range. */
+static long do_read_range(struct pagetier_read_range __user *arg, bool regions)
+{
+	size_t size = regions ? sizeof(struct pagetier_region) : sizeof(struct pagetier_record);
+	unsigned int shift = regions ? PMD_SHIFT : PAGE_SHIFT, want, n, nr_pages = 0;
+	unsigned int per_chunk = regions ? READ_REGION_CHUNK : READ_CHUNK;
+	struct pagetier_record *pages = NULL;
+	unsigned long index, last, egen;
+	struct pagetier_read_range r;
+	struct pagetier_target *t;
+	void __user *ubuf;
+	u64 done = 0;
+	long ret = 0;
+	bool more = false;
+	void *chunk;
+
+	if (copy_from_user(&r, arg, sizeof(r)))
+		return -EFAULT;
+	if ((r.flags & ~(PAGETIER_READ_RESET | PAGETIER_READ_ACCESSED_ONLY)) || r.reserved[0] ||
+	    r.reserved[1] || r.cursor > ULONG_MAX || r.start > ULONG_MAX || r.end > ULONG_MAX ||
+	    (r.end && r.start >= r.end))
+		return -EINVAL;
+	ubuf = u64_to_user_ptr(r.buf);
+	if (r.buf_len && !access_ok(ubuf, array_size(r.buf_len, size)))
+		return -EFAULT;
+	last = (r.end ? (unsigned long)r.end - 1 : ULONG_MAX) >> shift;
+	index = max_t(unsigned long, r.cursor, (unsigned long)r.start >> shift);
+	chunk = kmalloc_array(per_chunk, size, GFP_KERNEL);
+	if (regions)
+		pages = kvmalloc_array(per_chunk * PT_REGION_PAGES, sizeof(*pages), GFP_KERNEL);
+	if (!chunk || (regions && !pages)) {
+		ret = -ENOMEM;
+		goto out_free;
+	}
+	t = target_get(r.pid);
+	if (!t) {
+		ret = -ESRCH;
+		goto out_free;
+	}
+	while (done < r.buf_len && index <= last) {
+		want = min_t(u64, per_chunk, r.buf_len - done);
+		n = range_chunk(t, regions, r.flags, &index, last, chunk, want, &more, &egen, pages,
+				&nr_pages);
+		if (n && copy_to_user(ubuf + done * size, chunk, n * size)) {
+			ret = -EFAULT; /* this chunk's counts stay */
+			break;
+		}
+		if (r.flags & PAGETIER_READ_RESET) {
+			if (regions && nr_pages)
+				reset_chunk(t, pages, nr_pages, egen);
+			else if (!regions && n)
+				reset_chunk(t, chunk, n, egen);
+		}
+		done += n;
+		if (!more)
+			break;
+		cond_resched();
+	}
+	target_put(t);
+	if (ret)
+		goto out_free;
+	r.nr_records = done;
+	r.cursor = more && index <= last ? index : 0;
+	ret = copy_to_user(arg, &r, sizeof(r)) ? -EFAULT : 0;
+out_free:
+	kvfree(pages);
+	kfree(chunk);
+	return ret;
 }
 
 static long do_stats(struct pagetier_stats __user *arg)
@@ -513,6 +615,8 @@ static long do_stats(struct pagetier_stats __user *arg)
 		.units_probed = READ_ONCE(t->units_probed),
 		.walk_entries = READ_ONCE(t->walk_entries),
 		.scan_resumes = READ_ONCE(t->scan_resumes),
+		.regions_tracked = READ_ONCE(t->regions_tracked),
+		.regions_idle = READ_ONCE(t->regions_idle),
 	};
 	target_put(t);
 	return copy_to_user(arg, &s, sizeof(s)) ? -EFAULT : 0;
@@ -543,6 +647,7 @@ static long do_unmark(struct pagetier_unmark __user *arg)
 		kvfree(addrs);
 		return -ESRCH;
 	}
+	pagetier_region_rewalk(t, addrs, u.nr); /* their nodes change: read them next pass */
 	if (t->ops->unmark && u.nr) {
 		/* t->mm stays this mm while mm_lock is held: an execve waits */
 		down_read(&t->mm_lock);
@@ -593,6 +698,10 @@ static long pagetier_ioctl(struct file *file, unsigned int cmd, unsigned long ar
 		return do_stats(uarg);
 	case PAGETIER_IOC_UNMARK:
 		return do_unmark(uarg);
+	case PAGETIER_IOC_READ_REGIONS:
+		return do_read_range(uarg, true);
+	case PAGETIER_IOC_READ_PAGES:
+		return do_read_range(uarg, false);
 	}
 	return -ENOTTY;
 }
@@ -735,11 +844,36 @@ static ssize_t scan_budget_store(struct kobject *kobj, struct kobj_attribute *at
 	return count;
 }
 
+static ssize_t upper_bits_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_upper_bits));
+}
+
+/* 1: passes skip page tables whose upper-level Accessed bit stayed clear; 0: read them all */
+static ssize_t upper_bits_store(struct kobject *kobj, struct kobj_attribute *attr,
+				const char *buf, size_t count)
+{
+	return pagetier_uint_store(buf, count, &pagetier_upper_bits, 0, 1);
+}
+
+static ssize_t pud_refresh_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_pud_refresh));
+}
+
+static ssize_t pud_refresh_store(struct kobject *kobj, struct kobj_attribute *attr,
+				 const char *buf, size_t count)
+{
+	return pagetier_uint_store(buf, count, &pagetier_pud_refresh, 0, PUD_REFRESH_MAX);
+}
+
 static struct kobj_attribute version_attr = __ATTR_RO(version);
 static struct kobj_attribute targets_attr = __ATTR_RO(targets);
 static struct kobj_attribute default_scan_period_ms_attr = __ATTR_RW(default_scan_period_ms);
 static struct kobj_attribute max_targets_attr = __ATTR_RW(max_targets);
 static struct kobj_attribute scan_budget_attr = __ATTR_RW(scan_budget);
+static struct kobj_attribute upper_bits_attr = __ATTR_RW(upper_bits);
+static struct kobj_attribute pud_refresh_attr = __ATTR_RW(pud_refresh);
 
 static struct attribute *pagetier_attrs[] = {
 	&version_attr.attr,
@@ -747,6 +881,8 @@ static struct attribute *pagetier_attrs[] = {
 	&default_scan_period_ms_attr.attr,
 	&max_targets_attr.attr,
 	&scan_budget_attr.attr,
+	&upper_bits_attr.attr,
+	&pud_refresh_attr.attr,
 	&pagetier_probe_windows_attr.attr,
 	&pagetier_probe_base_us_attr.attr,
 	&pagetier_probe_fault_marks_attr.attr,

@@ -189,6 +189,46 @@ static bool walk_spent(const struct pagetier_walk *w)
 }
 
 /*
+ * Test and clear the Accessed bit of an upper-level entry (a PUD, or a PMD pointing to a page
+ * table) the first time the walk meets it; VMAs sharing the table see that first result (@memo:
+ * the entry's index + 1). The CPU sets the bit when it walks through the entry to fill its TLB;
+ * x86's pmd_bad() and pud_bad() accept the bit clear in a table entry, as the kernel's own
+ * multi-gen LRU clears it. The walk flushes the TLB for what it covered, so the next access
+ * walks (and sets the bit) again.
+ */
+static bool upper_young(void *entry, unsigned long index, unsigned long *memo, bool *young)
+{
+	if (*memo != index + 1) {
+		*memo = index + 1;
+		*young = test_and_clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)entry);
+	}
+	return *young;
+}
+
+/*
+ * The same for a PMD, under its lock and only while it points to a page table: khugepaged may
+ * turn a table into a huge mapping (or empty it) under the PMD lock with only the mmap_lock
+ * read, and a non-present PMD (a migration entry) keeps other bits where Accessed would be.
+ * A PUD pointing to a table changes only under the mmap_lock held for write.
+ */
+static bool pmd_table_young(struct pagetier_walk *w, struct vm_area_struct *vma, pmd_t *pmd,
+			    unsigned long addr)
+{
+	spinlock_t *ptl;
+	pmd_t val;
+	bool young = true;
+
+	if (w->memo_pmd == (addr >> PMD_SHIFT) + 1)
+		return w->memo_pmd_young;
+	ptl = pmd_lock(vma->vm_mm, pmd);
+	val = *pmd;
+	if (pmd_present(val) && !pmd_trans_huge(val) && !pmd_devmap(val) && !pmd_bad(val))
+		young = upper_young(pmd, addr >> PMD_SHIFT, &w->memo_pmd, &w->memo_pmd_young);
+	spin_unlock(ptl);
+	return young;
+}
+
+/*
  * How many of the @n entries of @size bytes from @p on are all zero (empty): the common case in
  * the tables of a sparse mapping, where a populated table holds one entry in 512. Eight words
  * are ORed per step and tested once (a table costs 64 tests, not 512), then memchr_inv finds
@@ -253,6 +293,11 @@ static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *v
 		pmdval = READ_ONCE(*pmd);
 		if (pmd_none(pmdval))
 			continue;
+		/* a page table not used since the last pass: its region is carried over */
+		if (w->idle && pmd_present(pmdval) && !pmd_trans_huge(pmdval) &&
+		    !pmd_devmap(pmdval) && !pmd_table_young(w, vma, pmd, addr) &&
+		    w->idle(w, addr >> PMD_SHIFT, addr >> PMD_SHIFT))
+			continue;
 		if (w->protects) /* the whole entry: a huge one changes whole */
 			pagetier_inval_start(&iv, vma, max(addr & PMD_MASK, vma->vm_start),
 					     min((addr & PMD_MASK) + PMD_SIZE, vma->vm_end));
@@ -301,6 +346,10 @@ static unsigned long walk_puds(struct pagetier_walk *w, struct vm_area_struct *v
 		cond_resched();
 		pudval = READ_ONCE(*pud);
 		if (pud_none(pudval) || pud_trans_huge(pudval) || pud_bad(pudval))
+			continue;
+		if (w->idle &&
+		    !upper_young(pud, addr >> PUD_SHIFT, &w->memo_pud, &w->memo_pud_young) &&
+		    w->idle(w, addr >> PMD_SHIFT, (next - 1) >> PMD_SHIFT))
 			continue;
 		stop = walk_pmds(w, vma, pud, addr, next);
 		if (stop != next)
@@ -419,6 +468,7 @@ struct pt_seen {
 struct scan_batch {
 	unsigned int n;
 	u64 tracked;
+	u64 walked; /* pages in the page tables (and huge mappings) read */
 	bool probing;
 	struct pagetier_probe_list probe; /* units accessed in the last period, for probe.c */
 	struct pt_seen seen[PTRS_PER_PTE];
@@ -492,11 +542,44 @@ static bool record(struct pagetier_target *t, const struct pt_seen *s, bool prob
 	return listed;
 }
 
+/* One page table (or huge mapping) read: its region. */
+static void note_region(struct pagetier_target *t, const struct scan_batch *b)
+{
+	unsigned int i, node = b->seen[0].node, present = b->seen[0].huge ? PT_REGION_PAGES : b->n;
+	bool mixed = false;
+
+	for (i = 1; i < b->n && !mixed; i++)
+		mixed = b->seen[i].node != node;
+	pagetier_region_note(t, b->seen[0].index >> (PMD_SHIFT - PAGE_SHIFT), present, node, mixed,
+			     b->seen[0].huge);
+}
+
+/*
+ * The walk met an upper-level entry whose Accessed bit was clear: carry its regions over,
+ * except that every pud_refresh passes each PUD's table is read again (staggered by PUD), so
+ * that a page table the kernel filled below an unused PUD is found.
+ */
+static bool scan_idle(struct pagetier_walk *w, unsigned long first, unsigned long last)
+{
+	struct pagetier_target *t = w->t;
+	struct scan_batch *b = w->priv;
+	unsigned int refresh = READ_ONCE(pagetier_pud_refresh);
+
+	if (first != last && refresh &&
+	    ((first >> (PUD_SHIFT - PMD_SHIFT)) + t->scans) % refresh == 0)
+		return false;
+	return pagetier_region_idle(t, first, last, &b->tracked);
+}
+
 static void scan_unlocked(struct pagetier_walk *w)
 {
 	struct scan_batch *b = w->priv;
 	unsigned int i;
 
+	if (b->n) {
+		note_region(w->t, b);
+		b->walked += b->seen[0].huge ? PT_REGION_PAGES : b->n;
+	}
 	for (i = 0; i < b->n; i++) {
 		if (record(w->t, &b->seen[i], b->probing) && b->probing)
 			pagetier_probe_note(&b->probe, b->seen[i].index, b->seen[i].huge);
@@ -505,27 +588,6 @@ static void scan_unlocked(struct pagetier_walk *w)
 	}
 	b->tracked += b->n;
 	b->n = 0;
-}
-
-/* Forget pages the scan did not see (unmapped since the last scan). */
-static void drop_stale(struct pagetier_target *t)
-{
-	XA_STATE(xas, &t->pages, 0);
-	void *entry;
-	unsigned int n = 0;
-
-	xas_lock(&xas);
-	xas_for_each(&xas, entry, ULONG_MAX) {
-		if (((xa_to_value(entry) & PT_GEN_MASK) >> PT_GEN_SHIFT) != t->gen)
-			xas_store(&xas, NULL);
-		if (++n % 4096 == 0) {
-			xas_pause(&xas);
-			xas_unlock(&xas);
-			cond_resched();
-			xas_lock(&xas);
-		}
-	}
-	xas_unlock(&xas);
 }
 
 /**
@@ -554,32 +616,52 @@ int pagetier_scan(struct pagetier_target *t)
 	}
 	b->n = 0;
 	b->tracked = 0;
+	b->walked = 0;
 	b->probing = pagetier_probe_enabled(t);
 	b->probe = (struct pagetier_probe_list){};
 	w.priv = b;
 	if (!t->pass_started) {
-		/* a page budget turns into a sampling ratio that spreads the marks over the space */
+		/*
+		 * A page budget turns into a sampling ratio that spreads the marks over the pages
+		 * the last pass read, not over the footprint: tables not used since are skipped.
+		 */
 		t->ratio_now = max_t(u32, t->sample_ratio, 1);
-		if (t->page_budget && t->pages_tracked > t->page_budget)
+		if (t->page_budget && t->walked_last > t->page_budget)
 			t->ratio_now = max_t(u64, t->ratio_now,
-					     DIV_ROUND_UP(t->pages_tracked, t->page_budget));
+					     DIV_ROUND_UP(t->walked_last, t->page_budget));
 		t->marked_now = 0;
 		t->tracked_now = 0;
+		t->walked_now = 0;
+		t->memo_pud = 0;
+		t->memo_pmd = 0;
 		t->cursor = 0;
 		t->gen++;
 		t->pass_started = true;
 	}
 	w.cursor = t->cursor;
 	w.budget = READ_ONCE(pagetier_scan_budget);
+	/* the first pass reads every table: no region is known yet */
+	if (READ_ONCE(pagetier_upper_bits) && t->scans)
+		w.idle = scan_idle;
+	w.memo_pud = t->memo_pud;
+	w.memo_pmd = t->memo_pmd;
+	w.memo_pud_young = t->memo_pud_young;
+	w.memo_pmd_young = t->memo_pmd_young;
 	mmap_read_lock(t->mm);
 	pagetier_walk_all(&w);
 	mmap_read_unlock(t->mm);
 	mmput(t->mm);
+	t->memo_pud = w.memo_pud;
+	t->memo_pmd = w.memo_pmd;
+	t->memo_pud_young = w.memo_pud_young;
+	t->memo_pmd_young = w.memo_pmd_young;
 	t->tracked_now += b->tracked;
+	t->walked_now += b->walked;
 	t->cursor = w.cursor;
 	if (!w.cursor) {
 		WRITE_ONCE(t->pages_tracked, t->tracked_now);
-		drop_stale(t);
+		t->walked_last = t->walked_now;
+		pagetier_region_drop_stale(t);
 		t->pass_started = false;
 	}
 	t0 = ktime_get_ns() - t0;

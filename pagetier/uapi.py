@@ -55,6 +55,12 @@ REC_ACCESSED = _define("PAGETIER_REC_ACCESSED")
 NODE_NONE = _define("PAGETIER_NODE_NONE")
 READ_RESET = _define("PAGETIER_READ_RESET")
 READ_ACCESSED_ONLY = _define("PAGETIER_READ_ACCESSED_ONLY")
+REGION_SHIFT = _define("PAGETIER_REGION_SHIFT")
+REGION_SIZE = 1 << REGION_SHIFT
+REGION_HUGE = _define("PAGETIER_REGION_HUGE")
+REGION_ACCESSED = _define("PAGETIER_REGION_ACCESSED")
+REGION_MIXED = _define("PAGETIER_REGION_MIXED")
+REGION_IDLE = _define("PAGETIER_REGION_IDLE")
 IOC_MAGIC = _define("PAGETIER_IOC_MAGIC")
 DEVICE = "/dev/pagetier"
 
@@ -74,7 +80,15 @@ STATS_T = np.dtype(
     [("pid", _u32), ("mode", _u32), ("scans", _u64), ("pages_tracked", _u64),
      ("pages_marked", _u64), ("faults", _u64), ("accesses", _u64), ("scan_ns", _u64),
      ("probe_ns", _u64), ("units_probed", _u64), ("walk_entries", _u64), ("scan_resumes", _u64),
-     ("reserved", _u64, 4)]
+     ("regions_tracked", _u64), ("regions_idle", _u64), ("reserved", _u64, 2)]
+)
+REGION_T = np.dtype(
+    [("addr", _u64), ("count", _u32), ("node", _u32), ("flags", _u32), ("freq", _u32),
+     ("nr_present", _u32), ("nr_accessed", _u32), ("idle_passes", _u32), ("reserved", _u32)]
+)
+READ_RANGE_T = np.dtype(
+    [("pid", _u32), ("flags", _u32), ("buf", _u64), ("buf_len", _u64), ("cursor", _u64),
+     ("nr_records", _u64), ("start", _u64), ("end", _u64), ("reserved", _u64, 2)]
 )
 UNMARK_T = np.dtype(
     [("pid", _u32), ("flags", _u32), ("addrs", _u64), ("nr", _u64), ("done", _u64),
@@ -85,7 +99,8 @@ UNMARK_MAX = _define("PAGETIER_UNMARK_MAX")
 STRUCTS = {
     "pagetier_version": VERSION_T, "pagetier_attach": ATTACH_T, "pagetier_detach": DETACH_T,
     "pagetier_record": RECORD_T, "pagetier_read": READ_T, "pagetier_stats": STATS_T,
-    "pagetier_unmark": UNMARK_T,
+    "pagetier_unmark": UNMARK_T, "pagetier_region": REGION_T,
+    "pagetier_read_range": READ_RANGE_T,
 }
 
 # asm-generic/ioctl.h encoding (x86)
@@ -102,3 +117,5 @@ IOC_DETACH = _ioc(_IOC_WRITE, 2, DETACH_T.itemsize)
 IOC_READ = _ioc(_IOC_READ | _IOC_WRITE, 3, READ_T.itemsize)
 IOC_STATS = _ioc(_IOC_READ | _IOC_WRITE, 4, STATS_T.itemsize)
 IOC_UNMARK = _ioc(_IOC_READ | _IOC_WRITE, 5, UNMARK_T.itemsize)
+IOC_READ_REGIONS = _ioc(_IOC_READ | _IOC_WRITE, 6, READ_RANGE_T.itemsize)
+IOC_READ_PAGES = _ioc(_IOC_READ | _IOC_WRITE, 7, READ_RANGE_T.itemsize)

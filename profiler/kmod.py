@@ -160,21 +160,43 @@ class Device:
     def read(self, pid: int, reset: bool = False, accessed_only: bool = False,
              chunk: int = 65536) -> np.ndarray:
         """All records of ``pid`` (RECORD_T array), read in chunks with the cursor."""
+        return self._read(uapi.IOC_READ, uapi.READ_T, uapi.RECORD_T, pid, reset, accessed_only,
+                          chunk)
+
+    def read_regions(self, pid: int, reset: bool = False, accessed_only: bool = False,
+                     start: int = 0, end: int = 0, chunk: int = 16384) -> np.ndarray:
+        """``pid``'s region records (REGION_T array: one per 2 MiB holding present pages) in
+        [start, end) (end 0: no limit). Module 0.4 and later."""
+        return self._read(uapi.IOC_READ_REGIONS, uapi.READ_RANGE_T, uapi.REGION_T, pid, reset,
+                          accessed_only, chunk, start, end)
+
+    def read_pages(self, pid: int, start: int, end: int, reset: bool = False,
+                   accessed_only: bool = False, chunk: int = 65536) -> np.ndarray:
+        """``pid``'s per-page records (RECORD_T array) in [start, end): the drill-down into
+        regions. Module 0.4 and later."""
+        return self._read(uapi.IOC_READ_PAGES, uapi.READ_RANGE_T, uapi.RECORD_T, pid, reset,
+                          accessed_only, chunk, start, end)
+
+    def _read(self, cmd: int, arg_t: np.dtype, rec_t: np.dtype, pid: int, reset: bool,
+              accessed_only: bool, chunk: int, start: int | None = None,
+              end: int | None = None) -> np.ndarray:
         out = []
         cursor = 0
-        buf = np.zeros(chunk, uapi.RECORD_T)
+        buf = np.zeros(chunk, rec_t)
         flags = (uapi.READ_RESET if reset else 0) | (uapi.READ_ACCESSED_ONLY if accessed_only else 0)
         while True:
-            r = np.zeros(1, uapi.READ_T)
+            r = np.zeros(1, arg_t)
             r["pid"], r["flags"], r["buf"] = pid, flags, buf.ctypes.data
             r["buf_len"], r["cursor"] = chunk, cursor
-            r = self._ioctl(uapi.IOC_READ, r, f"read pid {pid}")
+            if start is not None:
+                r["start"], r["end"] = start, end
+            r = self._ioctl(cmd, r, f"read pid {pid}")
             n = int(r["nr_records"])
             out.append(buf[:n].copy())
             cursor = int(r["cursor"])
             if cursor == 0:
                 break
-        return np.concatenate(out) if out else np.zeros(0, uapi.RECORD_T)
+        return np.concatenate(out) if out else np.zeros(0, rec_t)
 
     def unmark(self, pid: int, addrs: np.ndarray) -> int:
         """Make the pages holding ``addrs`` accessible again; returns mappings changed."""
@@ -195,6 +217,7 @@ class Device:
 
 
 FREQ_SINCE = (0, 3)  # module versions before this leave pagetier_record.freq 0 (padding)
+REGIONS_SINCE = (0, 4)  # READ_REGIONS, READ_PAGES, and UNMARK's re-read of moved regions
 
 
 def records_to_sample(pid: int, rec: np.ndarray, complete: bool, freq: bool = True) -> Sample:
@@ -222,7 +245,8 @@ class KmodProfiler(Profiler):
         self.mode, self.scan_period_ms = mode, int(scan_period_ms)
         self.sample_ratio, self.page_budget = int(sample_ratio), int(page_budget)
         self.dev = Device()
-        self.has_freq = self.dev.version()[:2] >= FREQ_SINCE
+        version = self.dev.version()[:2]
+        self.has_freq, self.has_regions = version >= FREQ_SINCE, version >= REGIONS_SINCE
         self.pids: set[int] = set()
         period = self.scan_period_ms or int((SYSFS / "default_scan_period_ms").read_text())
         self.node_lag_s = self.period_s = period / 1000.0
@@ -306,6 +330,20 @@ class KmodProfiler(Profiler):
             return
         try:
             self.dev.unmark(pid, addrs)
+        except KmodError as e:
+            if e.errno != errno.ESRCH:
+                raise
+
+    def moved(self, pid: int, addrs: np.ndarray, node: int) -> None:
+        """After the daemon moved units: the module carries a region whose page table was not
+        used over from pass to pass, with the node its pages had; UNMARK (0.4 on) has the next
+        pass read the page tables of these units again, so that reads report where they are.
+        One address per 2 MiB region is enough."""
+        if not self.has_regions or not len(addrs):
+            return
+        regions = np.unique(np.asarray(addrs, np.uint64) & ~np.uint64(uapi.REGION_SIZE - 1))
+        try:
+            self.dev.unmark(pid, regions)
         except KmodError as e:
             if e.errno != errno.ESRCH:
                 raise

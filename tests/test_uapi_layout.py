@@ -48,7 +48,8 @@ def test_struct_layout_matches_module(ko):
 
 
 def test_ioctl_numbers_are_distinct_and_sized():
-    cmds = [uapi.IOC_VERSION, uapi.IOC_ATTACH, uapi.IOC_DETACH, uapi.IOC_READ, uapi.IOC_STATS]
+    cmds = [uapi.IOC_VERSION, uapi.IOC_ATTACH, uapi.IOC_DETACH, uapi.IOC_READ, uapi.IOC_STATS,
+            uapi.IOC_UNMARK, uapi.IOC_READ_REGIONS, uapi.IOC_READ_PAGES]
     assert len(set(cmds)) == len(cmds)
     assert (uapi.IOC_READ >> 16) & 0x3FFF == uapi.READ_T.itemsize
 
@@ -56,7 +57,8 @@ def test_ioctl_numbers_are_distinct_and_sized():
 # what the C compiler makes of the header: each ioctl number, struct size and constant, printed by
 # a probe compiled against kmod/include/uapi (the header the module is built from)
 PROBE_IOCTLS = {"VERSION": "IOC_VERSION", "ATTACH": "IOC_ATTACH", "DETACH": "IOC_DETACH",
-                "READ": "IOC_READ", "STATS": "IOC_STATS", "UNMARK": "IOC_UNMARK"}
+                "READ": "IOC_READ", "STATS": "IOC_STATS", "UNMARK": "IOC_UNMARK",
+                "READ_REGIONS": "IOC_READ_REGIONS", "READ_PAGES": "IOC_READ_PAGES"}
 PROBE_DEFINES = {
     "PAGETIER_MODE_FAULT": "MODE_FAULT", "PAGETIER_MODE_ABIT": "MODE_ABIT",
     "PAGETIER_SCAN_PERIOD_MIN_MS": "SCAN_PERIOD_MIN_MS",
@@ -67,6 +69,9 @@ PROBE_DEFINES = {
     "PAGETIER_READ_ACCESSED_ONLY": "READ_ACCESSED_ONLY", "PAGETIER_UNMARK_MAX": "UNMARK_MAX",
     "PAGETIER_IOC_MAGIC": "IOC_MAGIC", "PAGETIER_VERSION_MAJOR": "VERSION_MAJOR",
     "PAGETIER_VERSION_MINOR": "VERSION_MINOR", "PAGETIER_VERSION_PATCH": "VERSION_PATCH",
+    "PAGETIER_REGION_SHIFT": "REGION_SHIFT", "PAGETIER_REGION_SIZE": "REGION_SIZE",
+    "PAGETIER_REGION_HUGE": "REGION_HUGE", "PAGETIER_REGION_ACCESSED": "REGION_ACCESSED",
+    "PAGETIER_REGION_MIXED": "REGION_MIXED", "PAGETIER_REGION_IDLE": "REGION_IDLE",
 }
 
 

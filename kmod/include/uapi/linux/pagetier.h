@@ -14,7 +14,7 @@
 #include <linux/types.h>
 
 #define PAGETIER_VERSION_MAJOR 0
-#define PAGETIER_VERSION_MINOR 3
+#define PAGETIER_VERSION_MINOR 4
 #define PAGETIER_VERSION_PATCH 0
 
 #define PAGETIER_STR_(x) #x
@@ -110,7 +110,57 @@ struct pagetier_stats {
 	__u64 scan_resumes;   /* periods that stopped at the scan budget, the scan resuming
 			       * in the next period (from 0.3)
 			       */
-	__u64 reserved[4];    /* must be 0 */
+	__u64 regions_tracked; /* from 0.4: 2 MiB regions with present pages at the last pass */
+	__u64 regions_idle;    /* from 0.4: regions passes carried over without reading their
+				* page table (its upper-level Accessed bit was clear), total
+				*/
+	__u64 reserved[2];    /* must be 0 */
+};
+
+/*
+ * Region records (from 0.4): one per 2 MiB of address space (aligned) that holds present pages
+ * of the target, whether mapped by one huge PMD or by 4 KiB PTEs. A pass tests and clears the
+ * Accessed bit of the upper-level entries (PUD, PMD) and reads a page table only where that bit
+ * was set: a region whose PMD was not used since the last pass is carried over as it was
+ * (PAGETIER_REGION_IDLE, idle_passes > 0), its pages counted as not accessed. count, freq and
+ * nr_accessed add up the region's per-page records (PAGETIER_IOC_READ_PAGES gives those).
+ */
+#define PAGETIER_REGION_SHIFT 21
+#define PAGETIER_REGION_SIZE (1ULL << PAGETIER_REGION_SHIFT)
+
+/* struct pagetier_region.flags */
+#define PAGETIER_REGION_HUGE (1U << 1)	   /* one 2 MiB (PMD) mapping */
+#define PAGETIER_REGION_ACCESSED (1U << 2) /* a page accessed since the last reset */
+#define PAGETIER_REGION_MIXED (1U << 3)	   /* pages on more than one node: node is the first's */
+#define PAGETIER_REGION_IDLE (1U << 4)	   /* the last pass carried it over (see above) */
+
+struct pagetier_region {
+	__u64 addr;	   /* start, PAGETIER_REGION_SIZE aligned */
+	__u32 count;	   /* accesses counted since the last reset, over its pages (saturating) */
+	__u32 node;	   /* NUMA node of its pages at the last walk, or PAGETIER_NODE_NONE */
+	__u32 flags;	   /* PAGETIER_REGION_* */
+	__u32 freq;	   /* estimated accesses per second, summed over its pages (saturating) */
+	__u32 nr_present;  /* 4 KiB pages present at the last walk (512 for a huge mapping) */
+	__u32 nr_accessed; /* of them, pages accessed since the last reset */
+	__u32 idle_passes; /* passes since its page table was last read (0: in the last one) */
+	__u32 reserved;
+};
+
+/*
+ * PAGETIER_IOC_READ_REGIONS (struct pagetier_region records) and PAGETIER_IOC_READ_PAGES
+ * (struct pagetier_record records, the drill-down into regions) over [start, end); start and
+ * end both 0: the whole address space. Flags and cursor as struct pagetier_read.
+ */
+struct pagetier_read_range {
+	__u32 pid;
+	__u32 flags;	  /* PAGETIER_READ_* */
+	__u64 buf;	  /* user pointer to buf_len records */
+	__u64 buf_len;	  /* capacity of buf, in records */
+	__u64 cursor;	  /* in: 0 to start, else the value returned; out: 0 when done */
+	__u64 nr_records; /* out: records written */
+	__u64 start;	  /* first address (rounded down to a page, or a region for regions) */
+	__u64 end;	  /* end address, exclusive; 0 with start 0: no limit */
+	__u64 reserved[2];
 };
 
 /*
@@ -127,6 +177,11 @@ struct pagetier_unmark {
 };
 
 #define PAGETIER_UNMARK_MAX (1U << 20)
+/*
+ * From 0.4 UNMARK also has the next pass read the page tables of the regions holding @addrs
+ * (in both modes): call it after a move too, as a region carried over would otherwise report
+ * the node its pages had before they moved.
+ */
 
 /*
  * 0xBA, sequence numbers 0x00-0x1F: a block free in Documentation/userspace-api/ioctl/
@@ -140,5 +195,7 @@ struct pagetier_unmark {
 #define PAGETIER_IOC_READ _IOWR(PAGETIER_IOC_MAGIC, 3, struct pagetier_read)
 #define PAGETIER_IOC_STATS _IOWR(PAGETIER_IOC_MAGIC, 4, struct pagetier_stats)
 #define PAGETIER_IOC_UNMARK _IOWR(PAGETIER_IOC_MAGIC, 5, struct pagetier_unmark)
+#define PAGETIER_IOC_READ_REGIONS _IOWR(PAGETIER_IOC_MAGIC, 6, struct pagetier_read_range)
+#define PAGETIER_IOC_READ_PAGES _IOWR(PAGETIER_IOC_MAGIC, 7, struct pagetier_read_range)
 
 #endif /* _UAPI_LINUX_PAGETIER_H */

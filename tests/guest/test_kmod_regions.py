@@ -1,0 +1,174 @@
+"""pagetier.ko's hierarchical passes and region records (UAPI 0.4) in a real kernel: a pass
+reads only the page tables whose upper-level entries were used, carries the rest over, and the
+records it reports are the same as a pass that reads every table would give."""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from pagetier import uapi
+from pagetier.core import mover
+from pagetier.profiler import kmod
+from pagetier.workload import Workload
+
+from helpers import wait_scans
+
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kmod_fresh")]
+
+PAGE, REGION = 4096, uapi.REGION_SIZE
+
+
+@contextmanager
+def stopped(dev: kmod.Device, pid: int):
+    """The target stopped (SIGSTOP) and two passes later: every access it made is counted, and
+    no pass changes a count or an estimate while the test reads them."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_scans(dev, pid, 2)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def buffer_regions(w: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """Start addresses of the workload buffer's regions, and of those its hot range touches."""
+    lo, size = w.ready["addr"], w.ready["size"]
+    hot_lo, hot_hi = w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"]
+    regions = np.arange(lo, lo + size, REGION, dtype=np.uint64)
+    hot = regions[(regions + np.uint64(REGION) > hot_lo) & (regions < hot_hi)]
+    return regions, hot
+
+
+def in_buffer(rec: np.ndarray, w: Workload) -> np.ndarray:
+    lo, hi = w.ready["addr"], w.ready["addr"] + w.ready["size"]
+    return rec[(rec["addr"] >= lo) & (rec["addr"] < hi)]
+
+
+@pytest.mark.parametrize("mode", ["fault", "abit"])
+def test_only_used_tables_are_read_and_nothing_is_lost(dev, mode):
+    """512 MiB of 4 KiB pages touched once, 8 MiB of it touched all the time: passes carry the
+    idle regions over instead of reading their page tables, yet every hot page is counted, the
+    idle pages stay tracked, and the region records say which regions were used."""
+    with Workload("--size", "512", "--hot", "8", "--hot-offset", "300", "--no-thp",
+                  "--duration", "0", "--quiet") as w:
+        dev.attach(w.pid, mode, scan_period_ms=200)
+        try:
+            wait_scans(dev, w.pid, 3)
+            dev.read(w.pid, reset=True)
+            before = dev.stats(w.pid)
+            after = wait_scans(dev, w.pid, 4)
+            with stopped(dev, w.pid):
+                acc = in_buffer(dev.read(w.pid, accessed_only=True), w)
+                regions = in_buffer(dev.read_regions(w.pid), w)
+                acc_regions = in_buffer(dev.read_regions(w.pid, accessed_only=True), w)
+        finally:
+            dev.detach(w.pid)
+        assert w.stop() == 0, "workload memory corrupted"
+    all_regions, hot_regions = buffer_regions(w)
+    # the 248 idle regions of the buffer were carried over in every whole pass between the two
+    # (the pass running at the first may have carried some already)
+    passes = after["scans"] - before["scans"] - 1
+    assert after["regions_idle"] - before["regions_idle"] >= 248 * passes, (before, after)
+    # every page is still tracked, and the regions cover the whole buffer
+    assert after["pages_tracked"] >= w.ready["size"] // PAGE
+    assert np.array_equal(regions["addr"], all_regions)
+    assert np.all(regions["nr_present"] == REGION // PAGE)
+    # the hot pages, and nothing else, were counted
+    hot_pages = np.arange(w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"], PAGE,
+                          dtype=np.uint64)
+    tp = np.intersect1d(acc["addr"], hot_pages).size
+    assert tp >= 0.95 * hot_pages.size and tp >= 0.95 * len(acc), (tp, len(acc))
+    # the region records say the same, and the accessed-only read lists just those regions
+    used = regions[(regions["flags"] & uapi.REGION_ACCESSED) != 0]
+    assert np.array_equal(used["addr"], hot_regions)
+    assert np.array_equal(acc_regions["addr"], hot_regions)
+    idle = regions[(regions["flags"] & uapi.REGION_IDLE) != 0]
+    assert len(idle) >= 0.9 * (len(all_regions) - len(hot_regions))
+    # the hot regions were read in the first pass after the stop; the rest long before
+    cold = idle[~np.isin(idle["addr"], hot_regions)]
+    assert used["idle_passes"].max() <= 2 and cold["idle_passes"].min() >= 3
+    assert not np.any(idle["flags"] & uapi.REGION_ACCESSED)
+
+
+@pytest.mark.parametrize("mode", ["fault", "abit"])
+def test_region_records_add_up_the_pages_and_drill_down_matches(dev, mode):
+    """READ_PAGES over a range returns exactly what a whole per-page READ holds there, and each
+    region record adds up its pages' counts; a region READ with RESET resets those pages."""
+    with Workload("--size", "64", "--hot", "6", "--hot-offset", "20", "--no-thp",
+                  "--duration", "0", "--quiet") as w:
+        dev.attach(w.pid, mode, scan_period_ms=200)
+        try:
+            wait_scans(dev, w.pid, 4)
+            with stopped(dev, w.pid):
+                whole = dev.read(w.pid)
+                regions = in_buffer(dev.read_regions(w.pid), w)
+                drills = {int(r["addr"]): dev.read_pages(w.pid, int(r["addr"]),
+                                                         int(r["addr"]) + REGION)
+                          for r in regions}
+                acc_drill = dev.read_pages(w.pid, int(regions["addr"][0]),
+                                           int(regions["addr"][-1]) + REGION, accessed_only=True)
+                dev.read_regions(w.pid, reset=True)
+                after_reset = in_buffer(dev.read(w.pid), w)
+        finally:
+            dev.detach(w.pid)
+        assert w.stop() == 0
+    assert len(regions) == 32
+    for r in regions:
+        lo = int(r["addr"])
+        want = whole[(whole["addr"] >= lo) & (whole["addr"] < lo + REGION)]
+        got = drills[lo]
+        assert np.array_equal(got, want), hex(lo)
+        acc = (want["flags"] & uapi.REC_ACCESSED) != 0
+        assert r["count"] == int(want["count"].sum())
+        assert r["nr_accessed"] == int(acc.sum())
+        assert r["nr_present"] == len(want)
+    buf = in_buffer(whole, w)
+    assert np.array_equal(acc_drill, buf[(buf["flags"] & uapi.REC_ACCESSED) != 0])
+    assert int(buf["count"].sum()) > 0
+    assert int(after_reset["count"].sum()) == 0
+
+
+def test_unmark_has_the_next_pass_read_a_moved_region(dev):
+    """A region carried over would report its pages' node from before they moved: UNMARK, which
+    the kmod profiler calls after the daemon moved pages, has the next pass read its page table."""
+    with Workload("--size", "64", "--hot", "4", "--hot-offset", "0", "--no-thp",
+                  "--start-node", "0", "--duration", "0", "--quiet") as w:
+        dev.attach(w.pid, "abit", scan_period_ms=200)
+        try:
+            wait_scans(dev, w.pid, 3)
+            cold = int(w.ready["addr"]) + 40 * (1 << 20)  # an idle region of the buffer
+            pages = np.arange(cold, cold + REGION, PAGE, dtype=np.uint64)
+            res = mover.move(w.pid, pages, 1)
+            assert len(res.moved) == len(pages), res
+            dev.unmark(w.pid, pages[:1])  # as KmodProfiler.moved() does after a move
+            wait_scans(dev, w.pid, 2)
+            rec = dev.read_regions(w.pid, start=cold, end=cold + REGION)
+        finally:
+            dev.detach(w.pid)
+        assert w.stop() == 0
+    assert len(rec) == 1 and rec["node"][0] == 1
+    assert not rec["flags"][0] & uapi.REGION_MIXED
+
+
+def test_range_reads_refuse_bad_ranges(dev):
+    with Workload("--size", "8", "--hot", "1", "--no-thp", "--duration", "0", "--quiet") as w:
+        dev.attach(w.pid, "abit", scan_period_ms=200)
+        try:
+            for start, end in [(8192, 4096), (4096, 4096)]:
+                with pytest.raises(kmod.KmodError) as e:
+                    dev.read_pages(w.pid, start, end)
+                assert e.value.errno == errno.EINVAL
+                with pytest.raises(kmod.KmodError) as e:
+                    dev.read_regions(w.pid, start=start, end=end)
+                assert e.value.errno == errno.EINVAL
+            with pytest.raises(kmod.KmodError) as e:
+                dev.read_regions(os.getpid())  # not attached
+            assert e.value.errno == errno.ESRCH
+        finally:
+            dev.detach(w.pid)
+        assert w.stop() == 0
