@@ -1,12 +1,12 @@
 """The executor: carries out a plan's moves through the move_pages wrapper (pagetier.core.mover)
 and records them in the PageState; asks the kernel for the nodes the profiler did not give.
 
-Per-page outcomes (the table in pagetier/core/mover.py; a region unit is moved page by page and
-its outcome made of its pages', whose busy and failed ones are counted as pages): moved units are recorded (a move back
-within ``ping_pong_window`` intervals counts as a ping-pong), units whose pages are gone are
-collected to be forgotten, units that failed for good are marked stuck, and ENOMEM marks the
-node full and ends this interval's moves to it. A whole-call error of a target that exited is
-not fatal: the target is dropped.
+Per-page outcomes (the table in pagetier/core/mover.py; a region unit is moved page by page,
+its outcome made of its pages', and its busy and failed pages are counted as such): moved
+units are recorded (a move back within ``ping_pong_window`` intervals counts as a ping-pong),
+units whose pages are gone are collected to be forgotten, units that failed for good are
+marked stuck, and ENOMEM marks the node full and ends this interval's moves to it. A
+whole-call error of a target that exited is not fatal: the target is dropped.
 
 The executor also measures the migration throughput it really gets: pages moved per second of
 ``move`` wall time, smoothed over the moves (:attr:`Executor.throughput`). The daemon caps an

@@ -340,8 +340,8 @@ def run_scale(a, tree) -> int:
     sizes = a.sizes or "64G,1T,4T"
     max_base = config_mod.parse_size(a.baseline_max_size)
     head = ["tracked", "accessed", "records/interval", "merge ms", "decide ms",
-            "CPU ms/interval", "% of a core", "worst/median", "state", "before: CPU ms", "before: % core", "before: worst/median",
-            "before: state", "ratio"]
+            "CPU ms/interval", "% of a core", "worst/median", "state", "before: CPU ms",
+            "before: % core", "before: worst/median", "before: state", "ratio"]
     rows = []
     print(f"scale run: stub profiler at region granularity, daemon policy {a.policy}, mean of "
           f"{a.intervals} intervals of 1 s; accessed: clustered runs (90% of 2-64 MiB) plus "

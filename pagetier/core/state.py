@@ -441,7 +441,8 @@ class PageState:
         h_at = np.empty(len(order))
         h_at[r[ok]] = h[ok]
         kept, hk = order[at], h_at[at]
-        if len(kept) > 1 and ((hk[:-1] > hk[1:]) | ((hk[:-1] == hk[1:]) & (kept[:-1] > kept[1:]))).any():
+        if len(kept) > 1 and ((hk[:-1] > hk[1:])
+                              | ((hk[:-1] == hk[1:]) & (kept[:-1] > kept[1:]))).any():
             return idx[np.argsort(h, kind="stable")]
         rest, hr = idx[~ok], h[~ok]  # sorted by index
         if not len(rest):
