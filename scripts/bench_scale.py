@@ -2,37 +2,42 @@
 """The scale benchmark, in the test VM: what pagetier.ko costs and how well it sees a fixed hot
 set as the footprint grows, beside the module before a change and beside DAMON.
 
-For each footprint (default 1, 2, 4, 8 GiB), THP off and on, and a hot set that stays put or
-moves every --phase-s seconds, one hotcold process (pagetier/workloads/hotcold.c: a --hot-mb hot
-set, --noise-ppm of its accesses sent to a random page of the whole buffer, every page first
-touched on the slow node) is measured in turn by:
+For each footprint (default 1, 2, 4, 8 GiB) and THP off and on, one hotcold process
+(pagetier/workloads/hotcold.c: a --hot-mb hot set, --noise-ppm of its accesses sent to a random
+page of the whole buffer, every page first touched on the slow node) is measured with its hot
+set still, then (SIGUSR2) moving every --phase-s seconds, in turn by:
 
-- pagetier.ko "before" (built from git revision --before, build/kmod-before/<release>) and
-  "after" (the working tree's build, build/kmod/<release>), each in abit and fault mode, scanning
-  every --period-ms. The module is read (reset) right after each of the workload's 1 s ticks, so
-  an interval's truth is the hot window that tick reports;
-- DAMON (6.12; profiler/damon.py through the guest's sysfs), its regions read at each tick;
-- with --daemon, the pagetier daemon (heuristic policy, the "after" module, the daemon's default
-  scan period) on the still hot set, THP off.
+- pagetier.ko "before" (built from git revision --before into build/kmod-before/<release>; the
+  host builds it) and "after" (the working tree's build, build/kmod/<release>), each in abit and
+  fault mode, scanning every --period-ms (default 250: the daemon's for 1 s intervals). Right
+  after each of the workload's 1 s ticks the accessed-only records are read (reset), as the
+  daemon reads every interval, so an interval's truth is the hot window that tick reports;
+- DAMON (6.12; profiler/damon.py, its own kdamond in the guest's sysfs), its regions read at each
+  tick. DAMON clears Accessed bits without a TLB flush, and under emulation a process alone on
+  its CPU keeps its translations for seconds; so, unless --damon-alone, a busy process shares the
+  workload's CPU while DAMON runs, forcing the context switches other tasks make on a real host;
+- with --daemon, the pagetier daemon (heuristic policy, budget twice the hot set, abit, the
+  "after" module at the daemon's default scan period) on the still hot set, THP off.
 
-Figures (columns of the tables):
-- ms/pass: the module's time (STATS scan_ns + probe_ns) per full pass of the target (STATS scans);
-  pass/s: full passes per second (the goal: one in every 1 s interval); cpu%: the module's time
-  per second of run, in percent of one CPU; entries: page-table entries walked per pass;
+Columns of the tables:
+- ms/pass: the module's time (STATS scan_ns + probe_ns) per full pass (STATS scans); /s: full
+  passes per second (the goal: one in every 1 s interval); %: the module's time per second of
+  run, in percent of one CPU; k: thousands of page-table entries walked per pass. These are
+  wall-clock times in an emulated guest on a shared host: compare within one run;
 - P/R: per-interval precision and recall of the hottest units by count, taken until they cover
-  the hot set's size (ties in random order), against the tick's hot window; the median and the
-  minimum over the intervals; "moving": the hot set moves every --phase-s s;
-- read ms: CPU time of this process's READ of the target per interval (what a reader pays);
-- DAMON: the kdamond's CPU (/proc/<pid>/stat) and P/R of its regions ranked by nr_accesses;
-- daemon: its CPU per 1 s interval (median over intervals after the first --warm-s), and the
-  module's CPU in that run; (module + daemon) / kdamond for the same footprint and THP;
+  the hot set's size (ties in random order), against the tick's hot window, median/min over the
+  intervals; "regions": the same from the "after" module's region records (2 MiB each);
+- read: CPU ms of this process's accessed-only READ per interval;
+- kdamond: its CPU (/proc/<pid>/stat) in % of one CPU; DAMON's P/R ranks its regions by
+  nr_accesses; daemon: its CPU per 1 s interval (median/max, after --daemon-warm intervals) and
+  the module's CPU in that run; (module + daemon) / kdamond for the same footprint and THP;
 - sparse: a 16 TiB MAP_NORESERVE target with 4,096 pages touched 4 GiB apart against a dense
   16 MiB target with the same pages (tests/guest/test_kmod_hazards.py's targets), per pass.
 
 Runs:
     scripts/bench_scale.py                       # boots 6.12 (HMAT) and 6.1, prints the tables
     scripts/bench_scale.py --kernels 6.12 --footprints 256M,512M --intervals 4   # a quick look
-    scripts/bench_scale.py -o docs/scale.md      # and appends a dated section there
+    scripts/bench_scale.py --daemon --sparse -o docs/scale.md   # all, and a dated section there
     scripts/vm --kernel 6.12 --hmat --fast 2G --slow 10G -- \\
         .venv/bin/python scripts/bench_scale.py --guest --footprints 1G
     scripts/bench_scale.py --from-json build/vm/6.12-x/bench-scale.json -o docs/scale.md
@@ -135,21 +140,28 @@ class Ticks:
         self.pending.clear()
 
     def next(self, timeout: float = 30) -> dict:
+        """The newest tick, once there is one not returned yet (older ones are dropped: a read
+        that took longer than a tick is scored against the hot window of the newest)."""
         deadline = time.monotonic() + timeout
+        self._take(0)
         while not self.pending:
             if self.lines.eof or time.monotonic() > deadline:
                 raise RuntimeError("the workload stopped ticking")
             self._take(max(0.0, deadline - time.monotonic()))
-        return self.pending.pop(0)
+        tick = self.pending[-1]
+        self.pending.clear()
+        return tick
 
 
-def start_workload(size: int, hot: int, noise: int, thp: bool, phase: int):
-    """hotcold over ``size`` MiB, its pages first touched on the slow node (1); (proc, ready)."""
+def start_workload(size: int, hot: int, noise: int, thp: bool, phase: int, verify: bool):
+    """hotcold over ``size`` MiB, its pages first touched on the slow node (1), its hot set still
+    until SIGUSR2, then moving every ``phase`` s; (proc, ready)."""
     from pagetier.workload import binary
 
     argv = [str(binary()), "--size", str(size), "--hot", str(hot), "--noise-ppm", str(noise),
             "--duration", "0", "--tick-ms", "1000", "--start-node", "1", "--fast-node", "0",
-            "--phase", str(phase), *([] if thp else ["--no-thp"])]
+            "--phase", str(phase), "--phase-on-signal", *([] if thp else ["--no-thp"]),
+            *([] if verify else ["--no-verify"])]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
     line = b""
     while not line.endswith(b"\n"):  # the ready line, byte by byte: the rest stays in the pipe
@@ -161,7 +173,8 @@ def start_workload(size: int, hot: int, noise: int, thp: bool, phase: int):
 
 
 def stop_workload(proc: subprocess.Popen, ticks: Ticks) -> bool:
-    """SIGTERM; True when it exited 0 having checked every page."""
+    """SIGTERM; True when it exited 0 and found no page corrupted (with --no-verify it checks
+    none)."""
     proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 300
     while not ticks.lines.eof and time.monotonic() < deadline:
@@ -207,22 +220,33 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
 
     pid = ready["pid"]
     lo, hi = ready["addr"], ready["addr"] + ready["size"]
+    regions = hasattr(dev, "read_regions") and dev.version()[:2] >= (0, 4)
     dev.attach(pid, mode, scan_period_ms=a.period_ms)
     try:
-        wait_passes(dev, pid, 2, timeout=a.warm_timeout)
+        # abit lists what its first pass found accessed; fault's first pass only marks
+        wait_passes(dev, pid, 1 if mode == "abit" else 2, timeout=a.warm_timeout)
         ticks.drain()
         ticks.next()
-        dev.read(pid, reset=True)
+        dev.read(pid, reset=True, accessed_only=True)
         st0, t0 = dev.stats(pid), time.monotonic()
-        pr, read_s = [], []
+        pr = {"count": [], "freq": []}
+        pr_reg = {"count": [], "freq": []}
+        read_s = []
         for _ in range(a.intervals):
             tick = ticks.next()
+            if regions:  # the region records (what the daemon reads past 1 GiB), then the pages
+                reg = dev.read_regions(pid, accessed_only=True)
+                reg = reg[(reg["addr"] >= lo) & (reg["addr"] < hi)]
+                for m, got in pr_reg.items():
+                    got.append(score(reg["addr"], np.full(len(reg), HUGE_PAGES, np.int64),
+                                     reg[m], ready, tick["hot_addr"], rng))
             c0 = time.thread_time()
-            rec = dev.read(pid, reset=True)
+            rec = dev.read(pid, reset=True, accessed_only=True)  # as the daemon reads each interval
             read_s.append(time.thread_time() - c0)
             rec = rec[(rec["addr"] >= lo) & (rec["addr"] < hi)]
             npages = np.where(rec["flags"] & uapi.REC_HUGE, HUGE_PAGES, 1).astype(np.int64)
-            pr.append(score(rec["addr"], npages, rec["count"], ready, tick["hot_addr"], rng))
+            for m, got in pr.items():
+                got.append(score(rec["addr"], npages, rec[m], ready, tick["hot_addr"], rng))
         st1, t1 = dev.stats(pid), time.monotonic()
         if st1["scans"] == st0["scans"]:  # no whole pass in the window: wait for one
             st1 = wait_passes(dev, pid, 1, timeout=a.warm_timeout)
@@ -237,10 +261,14 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
            "ms_per_pass": busy / passes / 1e6, "cpu": busy / 1e9 / (t1 - t0),
            "entries_per_pass": d["walk_entries"] / passes, "resumes": d["scan_resumes"],
            "pages_tracked": st1["pages_tracked"], "read_ms": 1e3 * statistics.median(read_s),
-           "read_ms_max": 1e3 * max(read_s), **pr_summary(pr)}
-    for k in ("regions_tracked", "regions_idle"):
-        if k in st1:
-            out[k] = st1[k]
+           "read_ms_max": 1e3 * max(read_s), **pr_summary(pr["count"]),
+           "freq_pr": pr_summary(pr["freq"])}
+    if pr_reg["count"]:
+        out["regions_pr"] = pr_summary(pr_reg["count"])
+        out["regions_freq_pr"] = pr_summary(pr_reg["freq"])
+    if "regions_tracked" in st1:
+        out["regions_tracked"] = st1["regions_tracked"]
+        out["regions_idle_per_pass"] = (st1["regions_idle"] - st0["regions_idle"]) / passes
     return out
 
 
@@ -351,6 +379,70 @@ def sparse_rows(kos: dict[str, Path], modes: list[str]) -> list[dict]:
     return rows
 
 
+def swap_module(ko: Path | None, pid: int) -> None:
+    """Load ``ko`` (None: none) in place of the loaded pagetier.ko, the workload ``pid`` stopped
+    meanwhile.
+
+    Unloading the module while a target it had in fault mode kept faulting crashed the 6.12
+    guest once (the hinting fault's kretprobe returned to address 0 during rmmod: an Oops in
+    __handle_mm_fault, then a soft lockup): a stopped target takes no fault while the module
+    goes."""
+    from pagetier.profiler import kmod
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # stopped: state T in /proc/PID/stat
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt":
+                break
+            time.sleep(0.01)
+        kmod.unload_module()
+        if ko is not None:
+            kmod.load_module(ko)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def measure_cell(cell: dict, kos: dict[str, Path], ready: dict, ticks: Ticks, a, rng, damon: bool,
+                 save) -> None:
+    """Every module and mode, the daemon (still hot set, THP off) and DAMON on one workload."""
+    from pagetier.profiler import kmod
+
+    print(f"[{label_mb(cell['size_mb'])} thp {'on' if cell['thp'] else 'off'} {cell['motion']}]",
+          flush=True)
+    for name, ko in kos.items():
+        swap_module(ko, ready["pid"])
+        dev = kmod.Device()
+        try:
+            for mode in a.modes:
+                r = measure_module(dev, ready, ticks, mode, a, rng)
+                cell["module"][f"{name}/{mode}"] = r
+                reg, fq = r.get("regions_pr"), r["freq_pr"]
+                print(f"  {name:6} {mode:5} {r['ms_per_pass']:8.1f} ms/pass "
+                      f"{r['pass_per_s']:5.2f} pass/s cpu {100 * r['cpu']:5.1f}% "
+                      f"P {r['p_med']:.3f}/{r['p_min']:.3f} R {r['r_med']:.3f}/{r['r_min']:.3f}"
+                      f" (freq P {fq['p_med']:.3f} R {fq['r_med']:.3f})"
+                      + (f" regions P {reg['p_med']:.3f} R {reg['r_med']:.3f}" if reg else "")
+                      + f" read {r['read_ms']:.1f} ms", flush=True)
+                save()
+        finally:
+            dev.close()
+        if name == "after" and a.daemon and cell["motion"] == "still" and not cell["thp"]:
+            for mode in a.daemon_modes:
+                d = measure_daemon(ready, ticks, mode, a)
+                cell.setdefault("daemon", {})[mode] = d
+                print(f"  daemon {mode}: {d}", flush=True)
+                save()
+    swap_module(None, ready["pid"])
+    if damon:
+        r = measure_damon(ready, ticks, a, rng)
+        cell["damon"] = r
+        print(f"  damon        cpu {100 * (r['cpu'] or 0):5.1f}% P {r['p_med']:.3f}/"
+              f"{r['p_min']:.3f} R {r['r_med']:.3f}/{r['r_min']:.3f} regions "
+              f"{r['regions']:.0f}", flush=True)
+        save()
+
+
 def guest_main(a) -> int:
     from pagetier.profiler import kmod
 
@@ -379,52 +471,29 @@ def guest_main(a) -> int:
         dev.close()
     kmod.unload_module()
     ok = True
-    motions = [m for m in a.hot if m in ("still", "moving")]
-    for size in a.footprints:
-        for thp in a.thp:
-            for motion in motions:
-                phase = a.phase_s if motion == "moving" else 0
-                t_start = time.monotonic()
-                proc, ready = start_workload(size, a.hot_mb, a.noise_ppm, thp, phase)
-                ticks = Ticks(proc)
-                cell = {"size_mb": size, "thp": thp, "motion": motion, "module": {}}
-                doc["cells"].append(cell)
-                print(f"[{label_mb(size)} thp {'on' if thp else 'off'} {motion}] workload ready "
-                      f"in {time.monotonic() - t_start:.0f} s", flush=True)
-                try:
-                    for name, ko in kos.items():
-                        kmod.unload_module()
-                        kmod.load_module(ko)
-                        dev = kmod.Device()
-                        try:
-                            for mode in a.modes:
-                                r = measure_module(dev, ready, ticks, mode, a, rng)
-                                cell["module"][f"{name}/{mode}"] = r
-                                print(f"  {name:6} {mode:5} {r['ms_per_pass']:8.1f} ms/pass "
-                                      f"{r['pass_per_s']:5.2f} pass/s cpu {100 * r['cpu']:5.1f}% "
-                                      f"P {r['p_med']:.3f}/{r['p_min']:.3f} R {r['r_med']:.3f}/"
-                                      f"{r['r_min']:.3f} read {r['read_ms']:.1f} ms", flush=True)
-                                save()
-                        finally:
-                            dev.close()
-                        if name == "after" and a.daemon and motion == "still" and not thp:
-                            for mode in a.daemon_modes:
-                                d = measure_daemon(ready, ticks, mode, a)
-                                cell.setdefault("daemon", {})[mode] = d
-                                print(f"  daemon {mode}: {d}", flush=True)
-                                save()
-                    kmod.unload_module()
-                    if damon:
-                        r = measure_damon(ready, ticks, a, rng)
-                        cell["damon"] = r
-                        print(f"  damon        cpu {100 * (r['cpu'] or 0):5.1f}% P {r['p_med']:.3f}/"
-                              f"{r['p_min']:.3f} R {r['r_med']:.3f}/{r['r_min']:.3f} "
-                              f"regions {r['regions']:.0f}", flush=True)
-                finally:
-                    cell["memory_ok"] = stop_workload(proc, ticks)
-                    ok = ok and cell["memory_ok"]
-                    cell["wall_s"] = round(time.monotonic() - t_start, 1)
-                    save()
+    for thp in a.thp:  # THP off at every footprint first: the goals are stated for it
+        for size in a.footprints:
+            t_start = time.monotonic()
+            proc, ready = start_workload(size, a.hot_mb, a.noise_ppm, thp, a.phase_s, a.verify)
+            ticks = Ticks(proc)
+            print(f"[{label_mb(size)} thp {'on' if thp else 'off'}] workload ready in "
+                  f"{time.monotonic() - t_start:.0f} s", flush=True)
+            cells = []
+            try:
+                for motion in a.hot:
+                    if motion == "moving":
+                        proc.send_signal(signal.SIGUSR2)  # the hot set moves from now on
+                    cell = {"size_mb": size, "thp": thp, "motion": motion, "module": {}}
+                    cells.append(cell)
+                    doc["cells"].append(cell)
+                    measure_cell(cell, kos, ready, ticks, a, rng, damon, save)
+            finally:
+                memory_ok = stop_workload(proc, ticks)
+                ok = ok and memory_ok
+                for cell in cells:
+                    cell["memory_ok"] = memory_ok
+                cells[-1:] and cells[-1].update(wall_s=round(time.monotonic() - t_start, 1))
+                save()
     if a.sparse:
         doc["sparse"] = sparse_rows(kos, a.modes)
     save()
@@ -480,8 +549,7 @@ def render(doc: dict) -> str:
         lines.append("")
         # after / before
         modes = sorted({k.split("/")[1] for k in keys})
-        if all(f"{m}/{w}" in keys for m in ("before", "after") for w in modes[:1]) or \
-                any(k.startswith("before/") for k in keys) and any(k.startswith("after/") for k in keys):
+        if any(k.startswith("before/") for k in keys) and any(k.startswith("after/") for k in keys):
             lines += [f"after / before, THP {'on' if thp else 'off'}, still: ms per pass "
                       "(cpu per second)", "",
                       "| mode | " + " | ".join(label_mb(s) for s in sizes) + " |",
@@ -500,19 +568,23 @@ def render(doc: dict) -> str:
                   "(median/min of P, median/min of R)", "",
                   "| who | hot set | " + " | ".join(label_mb(s) for s in sizes) + " |",
                   "|---" * (len(sizes) + 2) + "|"]
+        # (label, where in a cell's record the P/R summary is)
+        rows = [(f"{k} {what}", k, field) for k in keys
+                for what, field in (("count", None), ("freq", "freq_pr"),
+                                    ("regions count", "regions_pr"),
+                                    ("regions freq", "regions_freq_pr"))]
+        rows.append(("DAMON nr_accesses", "damon", None))
         for motion in ("still", "moving"):
-            for k in keys + ["damon"]:
-                row, any_ = [], False
+            for label, k, field in rows:
+                row = []
                 for s in sizes:
                     c = cell(s, thp, motion)
                     r = c and (c.get("damon") if k == "damon" else c["module"].get(k))
-                    if not r or "p_med" not in r:
-                        row.append("-")
-                        continue
-                    any_ = True
-                    row.append(f"{r['p_med']:.2f}/{r['p_min']:.2f} {r['r_med']:.2f}/{r['r_min']:.2f}")
-                if any_:
-                    lines.append(f"| {k} | {motion} | " + " | ".join(row) + " |")
+                    r = (r or {}).get(field) if field else r
+                    row.append(f"{r['p_med']:.2f}/{r['p_min']:.2f} {r['r_med']:.2f}/{r['r_min']:.2f}"
+                               if r and "p_med" in r else "-")
+                if any(x != "-" for x in row):
+                    lines.append(f"| {label} | {motion} | " + " | ".join(row) + " |")
         lines.append("")
         # DAMON and the daemon: CPU
         if any((cell(s, thp, "still") or {}).get("damon") for s in sizes):
@@ -572,10 +644,15 @@ def markdown_section(docs: list[dict], command: str) -> str:
     a = docs[0]["args"]
     head = [f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "", f"    $ {command}", "",
             f"hotcold: {a['hot_mb']} MiB hot set, {a['noise_ppm']} ppm noise, first touched on "
-            f"the slow node; moving: every {a['phase_s']} s; module scan every {a['period_ms']} ms; "
-            f"{a['intervals']} intervals of 1 s per measurement; P/R: hottest units by count "
-            "until the hot set's size, per interval, median/min. ms/pass: STATS (scan_ns + "
-            "probe_ns) / scans (wall time in the kernel, under emulation on a shared host).", ""]
+            f"the slow node, one process per footprint and THP setting: still, then moving every "
+            f"{a['phase_s']} s. Module scan every {a['period_ms']} ms; {a['intervals']} intervals "
+            "of 1 s per measurement, each ending with an accessed-only read (reset) right after "
+            "the workload's tick. P/R: hottest units by count until the hot set's size, per "
+            "interval, median/min. ms/pass: STATS (scan_ns + probe_ns) / scans, wall time in the "
+            "kernel of an emulated guest on a shared host: compare within one table. DAMON: "
+            + ("its own kdamond, the workload's CPU shared with a busy process (see --help)"
+               if a.get("damon_share", True) else "its own kdamond, the workload alone on its CPU")
+            + ".", ""]
     return "\n".join(head + [render(d) + "\n" for d in docs])
 
 
@@ -659,10 +736,13 @@ def parse(argv: list[str]):
     ap.add_argument("--slow", default="10G", help="host: the guest's slow node")
     ap.add_argument("--footprints", default="1G,2G,4G,8G")
     ap.add_argument("--thp", default="off,on")
-    ap.add_argument("--hot", default="still,moving", help="still, moving or both")
+    ap.add_argument("--hot", default="still,moving",
+                    help="still, moving or both (in that order, on one workload)")
     ap.add_argument("--hot-mb", type=int, default=32)
     ap.add_argument("--noise-ppm", type=int, default=100)
     ap.add_argument("--phase-s", type=int, default=5, help="the moving hot set moves this often")
+    ap.add_argument("--verify", action="store_true",
+                    help="the workload fills every page and checks it at the end (slow to start)")
     ap.add_argument("--modes", default="abit,fault")
     ap.add_argument("--modules", default="before,after")
     ap.add_argument("--before", default=BEFORE_REV, help="git revision of the 'before' module")
@@ -693,7 +773,7 @@ def parse(argv: list[str]):
     except KeyError:
         ap.error("--thp takes off, on or off,on")
     a.kernels = [k for k in a.kernels.split(",") if k]
-    a.hot = [x for x in a.hot.split(",") if x]
+    a.hot = sorted({x for x in a.hot.split(",") if x}, key=lambda h: h != "still")
     a.modes = [m for m in a.modes.split(",") if m]
     a.modules = [m for m in a.modules.split(",") if m]
     a.daemon_modes = [m for m in a.daemon_modes.split(",") if m]
