@@ -242,10 +242,10 @@ def test_daemon_reads_one_part_per_interval_and_forgets_unmapped_regions(tmp_pat
     assert {c[1] for c in calls if c[0] == "part"} == set(range(FULL_READ_EVERY))
 
 
-def test_coldest_from_a_former_order_is_the_order_from_scratch():
-    """PageState.coldest re-sorts only the units accessed since its last order and those that
-    joined; the result must be the (heat per page, index) order of a sort from scratch, ties
-    included, interval after interval, with units moved in and out of the node."""
+def test_coldest_of_region_units_is_the_order_from_scratch():
+    """PageState.coldest (its pool kept between calls, sorted on the heats' bits) gives the
+    (heat per page, index) order of a sort from scratch, ties included, interval after
+    interval, with region units accessed, moved in and out of the node."""
     rng = np.random.default_rng(3)
     n = 6000
     st = PageState()

@@ -379,11 +379,10 @@ class PageState:
             idx = idx[a["node"][idx] == node]
             h = self._coldness(idx)
             below = (h < th) | ((h == th) & (idx < ti))
-            idx = idx[below]
+            idx, h = idx[below], h[below]
             pool[0] = idx
             if th == np.inf or len(idx) >= n:
                 order = pool[3]
-                stale = pool[4] if order is None else None
                 if order is not None:  # still in order (members rarely warm up): no sort
                     # members that left dropped (members only join with the order reset,
                     # so the members are idx exactly when the lengths are equal)
@@ -394,9 +393,8 @@ class PageState:
                             (ho[1:] > ho[:-1]) | ((ho[1:] == ho[:-1]) & (order[1:] > order[:-1]))))):
                         pool[3] = order
                         return _prefix(self._trim(pool, order, n), n, pool[1] == np.inf)
-                    stale = (order, pool[5])
-                order = self._reorder(stale, idx)
-                pool[3], pool[4], pool[5] = order, None, self.interval
+                order = self._by_coldness(idx, h)
+                pool[3] = order
                 return _prefix(self._trim(pool, order, n), n, pool[1] == np.inf)
         on = np.flatnonzero(a["node"] == node)
         h = self._coldness(on)
@@ -411,52 +409,23 @@ class PageState:
             sel = np.concatenate([below, eq[:take]])
             sel.sort()
             th, ti = float(v), int(eq[take]) if take < len(eq) else 1 << 62
-        order = sel[np.argsort(self._coldness(sel), kind="stable")]
-        # members, key (heat, index), order, a former order (see _reorder), the interval of order
-        self._pools[node] = [sel, th, ti, order, None, self.interval]
+        order = self._by_coldness(sel, self._coldness(sel))
+        self._pools[node] = [sel, th, ti, order]
         return _prefix(order, n, th == np.inf)
 
-    def _reorder(self, stale: tuple | None, idx: np.ndarray) -> np.ndarray:
-        """Units ``idx`` (sorted) in the pools' order (heat per page, then index), from
-        ``stale``: (a former order of mostly the same units, the interval it was made in), or
-        None (sorted from scratch).
-
-        Between two orders most units keep their place: heat changes only for the units
-        accessed since (``last_access``), and units join. So the former order's members not
-        accessed since are kept as they are (when they are still in order: they are unless
-        their size changed), and the others, sorted, are merged into them: a sort of the few
-        that changed, not of the pool (a pool is the whole fast node when a decision asks for
-        many victims: 210,000 region units at 1 TiB)."""
-        if stale is None or len(stale[0]) < 1024:
-            return idx[np.argsort(self._coldness(idx), kind="stable")]
-        order, since = stale
-        a = self._a
-        h = self._coldness(idx)  # gathers in index order: cheap, unlike in heat order
-        rank = np.full(len(a), -1, np.int64)
-        rank[order] = np.arange(len(order))
-        r = rank[idx]
-        ok = (r >= 0) & (a["last_access"][idx] < since)
-        at = np.zeros(len(order), bool)
-        at[r[ok]] = True
-        h_at = np.empty(len(order))
-        h_at[r[ok]] = h[ok]
-        kept, hk = order[at], h_at[at]
-        if len(kept) > 1 and ((hk[:-1] > hk[1:])
-                              | ((hk[:-1] == hk[1:]) & (kept[:-1] > kept[1:]))).any():
-            return idx[np.argsort(h, kind="stable")]
-        rest, hr = idx[~ok], h[~ok]  # sorted by index
-        if not len(rest):
-            return kept
-        o = np.argsort(hr, kind="stable")
-        rest, hr = rest[o], hr[o]
-        pos = np.searchsorted(hk, hr, side="left")
-        tie = pos < np.searchsorted(hk, hr, side="right")
-        if tie.any():  # among equal heat, by index: one sorted key (group of equal heat, index)
-            group = np.zeros(len(hk), np.int64)
-            group[1:] = np.cumsum(hk[1:] != hk[:-1])
-            key = (group << 32) | kept
-            pos[tie] = np.searchsorted(key, (group[pos[tie]] << 32) | rest[tie])
-        return np.insert(kept, pos, rest)
+    def _by_coldness(self, idx: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Units ``idx`` (sorted) in the pools' order: heat per page, then index. Units of no
+        heat come first as they are (most of a large node's units: those untouched for about
+        150 intervals), the others are sorted on their values' bits (non-negative float64
+        values order as their bit patterns, and numpy sorts 64-bit integers faster). ``h``:
+        their :meth:`_coldness`."""
+        h = np.ascontiguousarray(h, np.float64)
+        zero = h == 0
+        if not zero.any():
+            return idx[np.argsort(h.view(np.int64), kind="stable")]
+        warm = ~zero
+        rest, hr = idx[warm], h[warm]
+        return np.concatenate([idx[zero], rest[np.argsort(hr.view(np.int64), kind="stable")]])
 
     def _trim(self, pool: list, order: np.ndarray, n: int) -> np.ndarray:
         """Shrink a pool far larger than asked for (built for a large first demand) to its
@@ -468,7 +437,7 @@ class PageState:
         first_out = int(order[keep])
         order = order[:keep]
         pool[:] = [np.sort(order), float(self._coldness(np.array([first_out]))[0]), first_out,
-                   order, None, pool[5]]
+                   order]
         return order
 
     def _pool_join(self, idx: np.ndarray) -> None:
@@ -487,8 +456,6 @@ class PageState:
             j = j[(h < th) | ((h == th) & (j < ti))]
             if len(j):
                 pool[0] = union(pool[0], j)
-                if pool[3] is not None:
-                    pool[4] = (pool[3], pool[5])  # a former order: see _reorder
                 pool[3] = None
 
     def _pool_remap(self, fn, key_fn=None) -> None:
@@ -499,8 +466,7 @@ class PageState:
         key_fn = key_fn or (lambda ti: fn(np.array([ti], np.int64))[0])
         for pool in self._pools.values():
             pool[0] = fn(pool[0])
-            stale = (pool[3], pool[5]) if pool[3] is not None else pool[4]
-            pool[3], pool[4] = None, None if stale is None else (fn(stale[0]), stale[1])
+            pool[3] = None
             if pool[2] < 1 << 62:
                 pool[2] = int(key_fn(pool[2]))
 
