@@ -18,7 +18,7 @@ import numpy as np
 
 from pagetier import uapi
 from pagetier.errors import ConfigError, PagetierError, Unavailable
-from pagetier.profiler.base import HUGE_PAGES, Profiler, Sample, register
+from pagetier.profiler.base import HUGE_PAGES, Profiler, Sample, part_span, register
 
 REPO = Path(__file__).resolve().parent.parent
 SYSFS = Path("/sys/kernel/pagetier")
@@ -232,14 +232,50 @@ def records_to_sample(pid: int, rec: np.ndarray, complete: bool, freq: bool = Tr
                   freq=rec["freq"].astype(np.float32) if freq else np.zeros(0, np.float32))
 
 
+def regions_to_sample(pid: int, rec: np.ndarray, complete: bool, freq: bool = True,
+                      span: tuple[int, int] | None = None) -> Sample:
+    """A Sample of region units from REGION_T records (module 0.4 on): one unit of 512 pages per
+    record, a region (moved page by page) unless it is one huge mapping. Its node is its first
+    page's (the daemon re-reads a region it moved: see KmodProfiler.moved)."""
+    huge = (rec["flags"] & uapi.REGION_HUGE) != 0
+    node = rec["node"].astype(np.int64)
+    node[rec["node"] == uapi.NODE_NONE] = -1
+    return Sample(pid=pid, addr=rec["addr"].astype(np.uint64), count=rec["count"].astype(np.uint32),
+                  node=node.astype(np.int16), npages=np.full(len(rec), HUGE_PAGES, np.uint16),
+                  complete=complete,
+                  freq=rec["freq"].astype(np.float32) if freq else np.zeros(0, np.float32),
+                  region=~huge, span=span)
+
+
+def mapped_span(pid: int) -> tuple[int, int]:
+    """[lowest start, highest end) of ``pid``'s mappings (the vsyscall page left out)."""
+    with open(f"/proc/{pid}/maps") as f:
+        ranges = [line.split(None, 1)[0].split("-") for line in f]
+    ends = [(int(a, 16), int(b, 16)) for a, b in ranges if int(a, 16) < 1 << 63]
+    if not ends:
+        return 0, 0
+    return ends[0][0], ends[-1][1]
+
+
+GRANULARITIES = ("auto", "page", "region")
+AUTO_REGION_BYTES = 1 << 30  # granularity auto: regions for targets that map more than this
+
+
 @register("kmod")
 class KmodProfiler(Profiler):
     """pagetier.ko: mode 'fault' (hinting faults on sampled pages) or 'abit' (Accessed bits)."""
 
     def __init__(self, mode: str = "fault", scan_period_ms: int = 0, sample_ratio: int = 0,
-                 page_budget: int = 0, load: bool = True):
+                 page_budget: int = 0, load: bool = True, granularity: str = "auto"):
+        """``granularity``: the units reads list. "page": a record per 4 KiB page and per huge
+        mapping; "region": a record per 2 MiB region (512 times fewer for 4 KiB pages, moved
+        whole); "auto" (default): regions for a target with more than 1 GiB of present pages
+        at its first read, pages otherwise. Regions need module 0.4."""
         if mode not in uapi.MODES:
             raise ConfigError(f"kmod: unknown mode {mode!r} (known: {', '.join(uapi.MODES)})")
+        if granularity not in GRANULARITIES:
+            raise ConfigError(f"kmod: unknown granularity {granularity!r} "
+                              f"(known: {', '.join(GRANULARITIES)})")
         if load:
             load_module()
         self.mode, self.scan_period_ms = mode, int(scan_period_ms)
@@ -247,6 +283,11 @@ class KmodProfiler(Profiler):
         self.dev = Device()
         version = self.dev.version()[:2]
         self.has_freq, self.has_regions = version >= FREQ_SINCE, version >= REGIONS_SINCE
+        if granularity == "region" and not self.has_regions:
+            raise ConfigError(f"kmod: granularity region needs pagetier.ko 0.4 or later; the "
+                              f"loaded module is {version[0]}.{version[1]} (pagetier kmod load)")
+        self.granularity = granularity
+        self._regions: dict[int, bool] = {}  # pid -> whether its reads list regions
         self.pids: set[int] = set()
         period = self.scan_period_ms or int((SYSFS / "default_scan_period_ms").read_text())
         self.node_lag_s = self.period_s = period / 1000.0
@@ -297,17 +338,51 @@ class KmodProfiler(Profiler):
 
     def detach(self, pid: int) -> None:
         self.pids.discard(pid)
+        self._regions.pop(pid, None)
         try:
             self.dev.detach(pid)
         except KmodError as e:
             if e.errno != errno.ESRCH:  # already gone: the module forgot it
                 raise
 
+    def regions(self, pid: int) -> bool:
+        """Whether ``pid``'s reads list regions; "auto" decides once, from the first pass."""
+        if pid not in self._regions:
+            use = self.granularity == "region"
+            if self.granularity == "auto" and self.has_regions:
+                present = self.dev.stats(pid)["regions_tracked"]
+                use = present * uapi.REGION_SIZE > AUTO_REGION_BYTES
+            self._regions[pid] = use
+        return self._regions[pid]
+
     def read(self, pid: int, reset: bool = True, accessed_only: bool = False) -> Sample:
         # a read before the module's first scan ends lists only the pages scanned so far
         complete = not accessed_only and self._scanned(pid)
+        if self.regions(pid):
+            rec = self.dev.read_regions(pid, reset=reset, accessed_only=accessed_only)
+            return regions_to_sample(pid, rec, complete=complete, freq=self.has_freq)
         rec = self.dev.read(pid, reset=reset, accessed_only=accessed_only)
         return records_to_sample(pid, rec, complete=complete, freq=self.has_freq)
+
+    def read_part(self, pid: int, part: int, parts: int) -> Sample | None:
+        """Part ``part`` of ``parts`` of ``pid``'s address space, read whole without a reset
+        (READ_REGIONS or READ_PAGES over its span: module 0.4 on); None before 0.4 or when the
+        process is gone."""
+        if not self.has_regions:
+            return None
+        try:
+            lo, hi = mapped_span(pid)
+        except OSError:
+            return None
+        span = part_span(lo, hi, part, parts)
+        start, end = span[0], (0 if span[1] >= 1 << 64 else span[1])
+        if self.regions(pid):
+            rec = self.dev.read_regions(pid, start=start, end=end)
+            return regions_to_sample(pid, rec, complete=True, freq=self.has_freq, span=span)
+        rec = self.dev.read_pages(pid, start, end)
+        sample = records_to_sample(pid, rec, complete=True, freq=self.has_freq)
+        sample.span = span
+        return sample
 
     def stats(self, pid: int) -> dict:
         return self.dev.stats(pid)
