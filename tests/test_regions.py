@@ -267,3 +267,22 @@ def test_coldest_of_region_units_is_the_order_from_scratch():
         assert whole and got.tolist() == want.tolist(), i
         mv = rng.choice(n, 50, replace=False)
         st.record_moves(mv, int(i % 2))
+
+
+def test_mover_region_of_our_own_pages_on_this_kernel():
+    """The real move_pages wrapper on this kernel (node 0, where our pages are): a region of
+    which every other page was touched counts as moved, its untouched pages as absent."""
+    import ctypes
+    import mmap
+
+    buf = mmap.mmap(-1, 2 * HUGE)
+    buf.madvise(mmap.MADV_NOHUGEPAGE)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    off = -start % HUGE
+    for p in range(0, HUGE, 2 * PAGE):
+        buf[off + p] = 0x5A
+    res = mover.move(0, np.array([start + off], np.uint64), 0, region=np.array([True]))
+    assert res.moved.tolist() == [0] and not len(res.gone)
+    assert res.region_pages["moved"] == 256 and res.region_pages["absent"] == 256
+    assert res.errors == {"ENOENT": 256}
+    del buf
