@@ -286,3 +286,32 @@ def test_mover_region_of_our_own_pages_on_this_kernel():
     assert res.region_pages["moved"] == 256 and res.region_pages["absent"] == 256
     assert res.errors == {"ENOENT": 256}
     del buf
+
+
+def test_a_target_read_in_pages_then_in_regions_keeps_one_unit_per_2mib():
+    """A target first read in 4 KiB units, then in regions (pagetier.ko's granularity auto
+    switches a target that grows past 1 GiB): each region takes the place of the pages inside
+    it at once, whether it is new or the page at its start becomes it; pages elsewhere stay."""
+    st = PageState()
+    st.begin_interval()
+    a = pages(0, 3 * 512)  # three 2 MiB blocks of pages
+    st.update(Sample(pid=1, addr=a, count=np.ones(len(a), np.uint32),
+                     node=np.ones(len(a), np.int16), npages=np.ones(len(a), np.uint16)))
+    st.update(Sample(pid=2, addr=a[:600], count=np.ones(600, np.uint32),
+                     node=np.ones(600, np.int16), npages=np.ones(600, np.uint16)))
+    assert st.pages_on(1) == 3 * 512 + 600
+    st.begin_interval()
+    # block 0 as a region (the page at its start becomes it), block 1 too; block 2 not read
+    st.update(Sample(pid=1, addr=np.array([a[0], a[512]], np.uint64),
+                     count=np.array([512, 3], np.uint32), node=np.ones(2, np.int16),
+                     npages=np.full(2, 512, np.uint16), region=np.ones(2, bool), complete=False))
+    mine = st.target == 0
+    assert mine.sum() == 2 + 512 and st.is_region(np.flatnonzero(mine)).sum() == 2
+    assert st.pages_on(1) == 3 * 512 + 600
+    assert (st.target == 1).sum() == 600  # another target's pages are its own
+    # a part read that brings block 2 as a new region (its first page was forgotten meanwhile)
+    st.forget(np.flatnonzero((st.target == 0) & (st.addr == a[1024])))
+    st.sync(Sample(pid=1, addr=np.array([a[1024]], np.uint64), count=np.zeros(1, np.uint32),
+                   node=np.ones(1, np.int16), npages=np.full(1, 512, np.uint16),
+                   region=np.ones(1, bool), span=(int(a[1024]), int(a[1024]) + HUGE)))
+    assert (st.target == 0).sum() == 3 and st.pages_on(1) == 3 * 512 + 600

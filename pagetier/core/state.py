@@ -201,6 +201,7 @@ class PageState:
         # node -> [sorted indices, T heat, T index]: every other unit on the node has
         # (stored heat, index) >= (T heat, T index) (heat only grows between decays)
         self._pools: dict[int, list] = {}
+        self._became: list[np.ndarray] = []  # keys of units that became regions (see update)
 
     def __len__(self) -> int:
         return len(self._a)
@@ -517,7 +518,8 @@ class PageState:
         is kept over the sample's.
 
         A complete sample (``sample.complete``) lists every unit of the target: the target's
-        units it lacks are unmapped, and forgotten.
+        units it lacks are unmapped, and forgotten. A unit that becomes a region takes the place
+        of the target's units inside its 2 MiB: they are forgotten.
         """
         t = self.target_index(sample.pid)
         addr = sample.addr.astype(np.uint64, copy=False)
@@ -553,6 +555,7 @@ class PageState:
             # mostly cold units: rates of the accessed ones only
             acc = np.flatnonzero((count > 0) | (freq > 0)) if has_freq else np.flatnonzero(count)
             self._merge_rows(same, acc, count[acc], rates(acc), node, npages, region, trust_moves)
+            self._forget_covered()
             return
         rate = rates()
         keys = unit_keys(t, addr)
@@ -570,6 +573,7 @@ class PageState:
         if new.any():
             self._add_units(t, pos[new], keys[new], addr[new], count[new], rate[new], node[new],
                             npages[new], None if region is None else region[new])
+        self._forget_covered()
 
     def sync(self, sample: Sample, trust_moves: int = 0) -> None:
         """Take a complete sample of part of a target's address space (``sample.span``; None:
@@ -590,6 +594,7 @@ class PageState:
         same = self._forget_absent(t, addr, sample.span)
         if same is not None:
             self._take_changed(same + np.arange(len(addr)), node, npages, region, trust_moves)
+            self._forget_covered()
             return
         keys = unit_keys(t, addr)
         pos, found = _find(self.keys(), keys)
@@ -602,6 +607,7 @@ class PageState:
             self._add_units(t, pos[new], keys[new], addr[new], np.zeros(n, np.uint32),
                             np.zeros(n, np.float32), node[new], npages[new],
                             None if region is None else region[new])
+        self._forget_covered()
 
     def _add_units(self, t: int, pos: np.ndarray, keys: np.ndarray, addr: np.ndarray,
                    count: np.ndarray, rate: np.ndarray, node: np.ndarray, npages: np.ndarray,
@@ -620,6 +626,8 @@ class PageState:
         n["node"] = node
         if region is not None:
             n["flags"] = np.where(region, np.uint8(F_REGION), np.uint8(0))
+            if region.any():
+                self._became.append(keys[region])
         self._insert(pos, n, keys, hit)
 
     def _take_changed(self, idx: np.ndarray, node: np.ndarray, npages: np.ndarray,
@@ -689,10 +697,13 @@ class PageState:
         self._account(idx, -1)
         a["node"][idx] = node
         a["npages"][idx] = npages
+        was = (a["flags"][idx] & F_REGION) != 0
         if region is None:
-            region = (npages > 1) & ((a["flags"][idx] & F_REGION) != 0)
+            region = (npages > 1) & was
         f = a["flags"][idx] & np.uint8(~F_REGION & 0xFF)
         a["flags"][idx] = f | np.where(region, np.uint8(F_REGION), np.uint8(0))
+        if (region & ~was).any():
+            self._became.append(np.asarray(self.keys(idx[region & ~was])))
         self._account(idx, 1)
         self._pool_join(idx)
 
@@ -731,6 +742,24 @@ class PageState:
         self._pool_remap(lambda i: _remap_insert(i, pos))
         self._account(new_idx, 1)
         self._pool_join(new_idx)
+
+    def _forget_covered(self) -> None:
+        """Forget the units inside the 2 MiB of each unit that became a region in this merge
+        (``_became``: their keys): a target read in 4 KiB pages, then in regions (pagetier.ko
+        switches a target that grows past 1 GiB), keeps one unit per 2 MiB, not the region and
+        511 pages besides it until their parts are read again."""
+        if not self._became:
+            return
+        starts = np.unique(np.concatenate(self._became))
+        self._became = []
+        k = self.keys()
+        lo = np.searchsorted(k, starts + np.uint64(1))
+        hi = np.searchsorted(k, starts + np.uint64(512))
+        n = hi - lo
+        if not n.any():
+            return
+        first = np.repeat(lo - np.cumsum(n) + n, n)
+        self.forget(first + np.arange(int(n.sum())))
 
     def _span_rows(self, t: int, span: tuple[int, int] | None) -> tuple[int, int]:
         """Rows ``[lo, hi)`` of target ``t``'s units starting in ``span`` (None: all)."""
