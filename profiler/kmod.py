@@ -376,10 +376,15 @@ class KmodProfiler(Profiler):
             return None
         span = part_span(lo, hi, part, parts)
         start, end = span[0], (0 if span[1] >= 1 << 64 else span[1])
-        if self.regions(pid):
-            rec = self.dev.read_regions(pid, start=start, end=end)
-            return regions_to_sample(pid, rec, complete=True, freq=self.has_freq, span=span)
-        rec = self.dev.read_pages(pid, start, end)
+        try:
+            if self.regions(pid):
+                rec = self.dev.read_regions(pid, start=start, end=end)
+                return regions_to_sample(pid, rec, complete=True, freq=self.has_freq, span=span)
+            rec = self.dev.read_pages(pid, start, end)
+        except KmodError as e:
+            if e.errno != errno.ESRCH:
+                raise
+            return None  # gone: the daemon's next read finds out
         sample = records_to_sample(pid, rec, complete=True, freq=self.has_freq)
         sample.span = span
         return sample

@@ -21,7 +21,10 @@ def victim_pool(view, node: int, need: int, hot: np.ndarray, idle_only: bool, no
     ``need`` pages, or all of them; whether that is all). Free to move: not moved within
     ``thrash_window``, not in the hot set (``hot``: sorted state indices), and with
     ``idle_only`` not accessed in this read."""
-    n = need + 64
+    # need is in pages and the pool in units: start from as many 2 MiB units as hold need (with
+    # region and huge units, need + 64 would be the whole node), and grow it until the free
+    # units hold need pages
+    n = need // 512 + 64
     while True:
         pool, complete = view.coldest(node, n)
         last_move, npages, rate = view.pool_columns(pool)
