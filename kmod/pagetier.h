@@ -251,6 +251,8 @@ pte_t *pagetier_pte_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long add
 			     spinlock_t **ptl);
 void pagetier_walk_all(struct pagetier_walk *w);
 bool pagetier_walk_addr(struct pagetier_walk *w, unsigned long addr);
+
+/* scan.c */
 int pagetier_scan(struct pagetier_target *t);
 
 /* region.c */

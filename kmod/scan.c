@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The scan: one period's pass over a target through the walker (walk.c), handing each present
+ * PTE or huge PMD to the mode's ops, recording what it saw in the target's page and region
+ * tables, and then running the frequency probes. Knows nothing of how a mode works.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/mm.h>
+#include <linux/ktime.h>
+#include <linux/sched/mm.h>
+#include <linux/slab.h>
+
+#include "pagetier.h"
+
+
+struct pt_seen {
+	unsigned long index;
+	unsigned int node;
+	bool huge;
+	bool accessed;
+};
+
+/* What the scan collects under one page-table lock; applied to the xarray after the unlock. */
+struct scan_batch {
+	unsigned int n;
+	u64 tracked;
+	u64 walked; /* pages in the page tables (and huge mappings) read */
+	bool probing;
+	struct pagetier_probe_list probe; /* units accessed in the last period, for probe.c */
+	struct pt_seen seen[PTRS_PER_PTE];
+};
+
+static bool in_sample(struct pagetier_target *t, unsigned long unit)
+{
+	if (t->page_budget && t->marked_now >= t->page_budget)
+		return false;
+	return t->ratio_now <= 1 || (unit + t->scans) % t->ratio_now == 0;
+}
+
+static void scan_pte(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
+		     pte_t *ptep)
+{
+	struct pagetier_target *t = w->t;
+	struct scan_batch *b = w->priv;
+	unsigned long index = addr >> PAGE_SHIFT;
+	pte_t pte = ptep_get(ptep);
+	bool acc;
+
+	if (pte_special(pte))
+		return;
+	/* the first scan only arms: counting starts with the attach */
+	acc = t->ops->pte(t, vma, addr, ptep, in_sample(t, index)) && t->scans;
+	b->seen[b->n++] = (struct pt_seen){ index, page_to_nid(pte_page(pte)), false, acc };
+}
+
+static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
+		     pmd_t *pmdp)
+{
+	struct pagetier_target *t = w->t;
+	struct scan_batch *b = w->priv;
+	unsigned long index = addr >> PAGE_SHIFT;
+	unsigned int nid = page_to_nid(pmd_page(*pmdp));
+	bool acc;
+
+	acc = t->ops->pmd(t, vma, addr, pmdp, in_sample(t, addr >> HPAGE_PMD_SHIFT)) && t->scans;
+	b->seen[b->n++] = (struct pt_seen){ index, nid, true, acc };
+}
+
+/*
+ * Store what the scan saw of one unit. Return: true if the unit was accessed in the last period
+ * (its Accessed bit, or a fault or probe hit since the previous scan): the probes look at it.
+ */
+static bool record(struct pagetier_target *t, const struct pt_seen *s, bool probing)
+{
+	XA_STATE(xas, &t->pages, s->index);
+	unsigned long old, v;
+	bool listed;
+	void *entry;
+
+	do {
+		xas_lock(&xas);
+		entry = xas_load(&xas);
+		old = xa_is_value(entry) ? xa_to_value(entry) : 0;
+		listed = s->accessed || (old & PT_SEEN);
+		v = (old & (PT_COUNT_MASK | PT_PROBE_MASK)) |
+		    ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) | (s->huge ? PT_HUGE : 0) |
+		    ((unsigned long)t->gen << PT_GEN_SHIFT);
+		/* not accessed: no frequency; accessed: the last estimate stands until the probe's */
+		if (!listed || !probing)
+			v &= ~PT_PROBE_MASK;
+		if (s->accessed && (v & PT_COUNT_MASK) != PT_COUNT_MASK)
+			v++;
+		xas_store(&xas, xa_mk_value(v));
+		if (s->accessed && !xas_error(&xas))
+			xas_set_mark(&xas, PT_ACCESSED);
+		xas_unlock(&xas);
+	} while (xas_nomem(&xas, GFP_KERNEL));
+	return listed;
+}
+
+/* One page table (or huge mapping) read: its region. */
+static void note_region(struct pagetier_target *t, const struct scan_batch *b)
+{
+	unsigned int i, node = b->seen[0].node, present = b->seen[0].huge ? PT_REGION_PAGES : b->n;
+	bool mixed = false;
+
+	for (i = 1; i < b->n && !mixed; i++)
+		mixed = b->seen[i].node != node;
+	pagetier_region_note(t, b->seen[0].index >> (PMD_SHIFT - PAGE_SHIFT), present, node, mixed,
+			     b->seen[0].huge);
+}
+
+/*
+ * The walk met an upper-level entry whose Accessed bit was clear: carry its regions over,
+ * except that every pud_refresh passes each PUD's table is read again (staggered by PUD), so
+ * that a page table the kernel filled below an unused PUD is found.
+ */
+static bool scan_idle(struct pagetier_walk *w, unsigned long first, unsigned long last)
+{
+	struct pagetier_target *t = w->t;
+	struct scan_batch *b = w->priv;
+	unsigned int refresh = READ_ONCE(pagetier_pud_refresh);
+
+	if (first != last && refresh &&
+	    ((first >> (PUD_SHIFT - PMD_SHIFT)) + t->scans) % refresh == 0)
+		return false;
+	return pagetier_region_idle(t, first, last, &b->tracked);
+}
+
+static void scan_unlocked(struct pagetier_walk *w)
+{
+	struct scan_batch *b = w->priv;
+	unsigned int i;
+
+	if (b->n) {
+		note_region(w->t, b);
+		b->walked += b->seen[0].huge ? PT_REGION_PAGES : b->n;
+	}
+	for (i = 0; i < b->n; i++) {
+		if (record(w->t, &b->seen[i], b->probing) && b->probing)
+			pagetier_probe_note(&b->probe, b->seen[i].index, b->seen[i].huge);
+		if (b->seen[i].accessed)
+			atomic64_inc(&w->t->accesses);
+	}
+	b->tracked += b->n;
+	b->n = 0;
+}
+
+/**
+ * pagetier_scan() - one period's scan of a target: the mode checks and (re)arms present pages.
+ * @t: the target. Called from its delayed work only.
+ *
+ * A pass covers every tracked VMA. A period walks at most pagetier_scan_budget's worth of it
+ * (0: no limit) and leaves a cursor where the next period resumes; the pass ends (scans + 1,
+ * pages not seen forgotten) in the period that reaches the last VMA.
+ *
+ * Return: 0, or -ESRCH once the target's address space is gone.
+ */
+int pagetier_scan(struct pagetier_target *t)
+{
+	struct pagetier_walk w = { .pte = scan_pte, .pmd = scan_pmd, .unlocked = scan_unlocked,
+				   .t = t, .protects = t->ops->protects };
+	u64 t0 = ktime_get_ns();
+	struct scan_batch *b;
+
+	if (!mmget_not_zero(t->mm))
+		return -ESRCH;
+	b = kmalloc(sizeof(*b), GFP_KERNEL);
+	if (!b) {
+		mmput(t->mm);
+		return -ENOMEM;
+	}
+	b->n = 0;
+	b->tracked = 0;
+	b->walked = 0;
+	b->probing = pagetier_probe_enabled(t);
+	b->probe = (struct pagetier_probe_list){};
+	w.priv = b;
+	if (!t->pass_started) {
+		/*
+		 * A page budget turns into a sampling ratio that spreads the marks over the pages
+		 * the last pass read, not over the footprint: tables not used since are skipped.
+		 */
+		t->ratio_now = max_t(u32, t->sample_ratio, 1);
+		if (t->page_budget && t->walked_last > t->page_budget)
+			t->ratio_now = max_t(u64, t->ratio_now,
+					     DIV_ROUND_UP(t->walked_last, t->page_budget));
+		t->marked_now = 0;
+		t->tracked_now = 0;
+		t->walked_now = 0;
+		t->memo_pud = 0;
+		t->memo_pmd = 0;
+		t->cursor = 0;
+		t->gen++;
+		t->pass_started = true;
+	}
+	w.cursor = t->cursor;
+	w.budget = READ_ONCE(pagetier_scan_budget);
+	/* the first pass reads every table: no region is known yet */
+	if (READ_ONCE(pagetier_upper_bits) && t->scans)
+		w.idle = scan_idle;
+	w.memo_pud = t->memo_pud;
+	w.memo_pmd = t->memo_pmd;
+	w.memo_pud_young = t->memo_pud_young;
+	w.memo_pmd_young = t->memo_pmd_young;
+	mmap_read_lock(t->mm);
+	pagetier_walk_all(&w);
+	mmap_read_unlock(t->mm);
+	mmput(t->mm);
+	t->memo_pud = w.memo_pud;
+	t->memo_pmd = w.memo_pmd;
+	t->memo_pud_young = w.memo_pud_young;
+	t->memo_pmd_young = w.memo_pmd_young;
+	t->tracked_now += b->tracked;
+	t->walked_now += b->walked;
+	t->cursor = w.cursor;
+	if (!w.cursor) {
+		WRITE_ONCE(t->pages_tracked, t->tracked_now);
+		t->walked_last = t->walked_now;
+		pagetier_region_drop_stale(t);
+		t->pass_started = false;
+	}
+	t0 = ktime_get_ns() - t0;
+	/* then, over the units this period found accessed in the last one only, the probes */
+	pagetier_probe(t, &b->probe);
+	kvfree(b->probe.u);
+	kfree(b);
+	/*
+	 * The walk's figures next to scans (nothing sleeps in between), so that a reader sees the
+	 * ones of the passes scans counts, not those of a pass whose probes still run.
+	 */
+	WRITE_ONCE(t->walk_entries, t->walk_entries + w.entries);
+	WRITE_ONCE(t->scan_ns, t->scan_ns + t0);
+	if (w.cursor)
+		WRITE_ONCE(t->scan_resumes, t->scan_resumes + 1);
+	else /* after the probes: a reader waiting for this scan finds its frequencies */
+		WRITE_ONCE(t->scans, t->scans + 1);
+	return 0;
+}
