@@ -88,15 +88,19 @@ def label_mb(mb: int) -> str:
     return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
 
 
-def module_paths(release: str, before_rev: str) -> dict[str, Path]:
-    """The two builds of pagetier.ko for ``release``: before (out of tree) and after."""
+def module_paths(release: str, before_rev: str, after_rev: str = "tree") -> dict[str, Path]:
+    """The two builds of pagetier.ko for ``release``: before (git revision ``before_rev``, built
+    out of tree) and after (the working tree's build, or git revision ``after_rev``'s)."""
+    after = (REPO / "build" / "kmod" if after_rev == "tree" else
+             REPO / "build" / f"kmod-rev-{after_rev}")
     return {"before": REPO / "build" / "kmod-before" / release / "pagetier.ko",
-            "after": REPO / "build" / "kmod" / release / "pagetier.ko"}
+            "after": after / release / "pagetier.ko"}
 
 
-def build_before(rev: str, releases: list[str]) -> None:
-    """pagetier.ko of git revision ``rev`` for each kernel, out of the working tree."""
-    todo = [r for r in releases if not module_paths(r, rev)["before"].exists()]
+def build_rev(rev: str, releases: list[str], which: str, after_rev: str = "tree") -> None:
+    """pagetier.ko of git revision ``rev`` for each kernel, out of the working tree, where
+    module_paths puts ``which`` ("before" or "after")."""
+    todo = [r for r in releases if not module_paths(r, rev, after_rev)[which].exists()]
     if not todo:
         return
     src = Path(tempfile.mkdtemp(prefix="pagetier-before-"))
@@ -104,7 +108,7 @@ def build_before(rev: str, releases: list[str]) -> None:
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     for rel in todo:
-        out = module_paths(rel, rev)["before"].parent
+        out = module_paths(rel, rev, after_rev)[which].parent
         subprocess.run(["make", "-s", "-C", str(src / "kmod"), f"KERNEL_DIR=/lib/modules/{rel}/build",
                         f"O={out}", "module"], check=True, stdout=subprocess.DEVNULL)
 
@@ -231,7 +235,7 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
         st0, t0 = dev.stats(pid), time.monotonic()
         pr = {"count": [], "freq": []}
         pr_reg = {"count": [], "freq": []}
-        read_s = []
+        read_s, trail = [], []
         for _ in range(a.intervals):
             tick = ticks.next()
             if regions:  # the region records (what the daemon reads past 1 GiB), then the pages
@@ -247,6 +251,9 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
             npages = np.where(rec["flags"] & uapi.REC_HUGE, HUGE_PAGES, 1).astype(np.int64)
             for m, got in pr.items():
                 got.append(score(rec["addr"], npages, rec[m], ready, tick["hot_addr"], rng))
+            # per interval: passes ended so far, records read, P and R by count
+            trail.append((dev.stats(pid)["scans"] - st0["scans"], len(rec),
+                          round(pr["count"][-1][0], 3), round(pr["count"][-1][1], 3)))
         st1, t1 = dev.stats(pid), time.monotonic()
         if st1["scans"] == st0["scans"]:  # no whole pass in the window: wait for one
             st1 = wait_passes(dev, pid, 1, timeout=a.warm_timeout)
@@ -262,7 +269,7 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
            "entries_per_pass": d["walk_entries"] / passes, "resumes": d["scan_resumes"],
            "pages_tracked": st1["pages_tracked"], "read_ms": 1e3 * statistics.median(read_s),
            "read_ms_max": 1e3 * max(read_s), **pr_summary(pr["count"]),
-           "freq_pr": pr_summary(pr["freq"])}
+           "freq_pr": pr_summary(pr["freq"]), "trail": trail}
     if pr_reg["count"]:
         out["regions_pr"] = pr_summary(pr_reg["count"])
         out["regions_freq_pr"] = pr_summary(pr_reg["freq"])
@@ -447,7 +454,7 @@ def guest_main(a) -> int:
     from pagetier.profiler import kmod
 
     release = platform.release()
-    kos = {k: p for k, p in module_paths(release, a.before).items() if k in a.modules}
+    kos = {k: p for k, p in module_paths(release, a.before, a.after).items() if k in a.modules}
     missing = [str(p) for p in kos.values() if not p.exists()]
     if missing:
         print(f"bench_scale: missing {', '.join(missing)} (run it from the host, which builds the "
@@ -469,6 +476,12 @@ def guest_main(a) -> int:
         dev = kmod.Device()
         doc["modules"][name] = ".".join(map(str, dev.version()[:3]))
         dev.close()
+        # which build: the working tree's changes while a run is prepared
+        src = subprocess.run(["modinfo", "-F", "srcversion", str(ko)], capture_output=True,
+                             text=True).stdout.strip()
+        doc.setdefault("builds", {})[name] = {
+            "srcversion": src, "built": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                      time.gmtime(ko.stat().st_mtime))}
     kmod.unload_module()
     ok = True
     for thp in a.thp:  # THP off at every footprint first: the goals are stated for it
@@ -517,9 +530,11 @@ def render(doc: dict) -> str:
     keys = sorted({k for c in cells for k in c["module"]},
                   key=lambda k: (k.split("/")[1], k.split("/")[0] != "before"))
     lines = [f"### {doc['kernel']} ({doc['date']})", "",
-             "modules: " + ", ".join(f"{k} {v}" + (f" (git {doc['before']})" if k == "before" else
-                                                    " (working tree)")
-                                     for k, v in doc["modules"].items()), ""]
+             "modules: " + ", ".join(
+                 f"{k} {v}" + (f" (git {doc['before']})" if k == "before" else
+                               " (working tree)" if doc["args"].get("after", "tree") == "tree"
+                               else f" (git {doc['args']['after']})")
+                 for k, v in doc["modules"].items()), ""]
 
     def cell(size, thp, motion):
         return next((c for c in cells if c["size_mb"] == size and c["thp"] == thp
@@ -626,12 +641,13 @@ def render(doc: dict) -> str:
         lines += ["**Sparse address space** (per pass: a 16 TiB MAP_NORESERVE target with 4,096 "
                   "pages touched 4 GiB apart, against a dense 16 MiB target with the same pages)", "",
                   "| module | mode | sparse ms | dense ms | sparse / dense | entries sparse | "
-                  "entries dense | found |", "|---|---|---|---|---|---|---|---|"]
+                  "entries dense | entries sparse / dense | found |", "|---" * 9 + "|"]
         for r in doc["sparse"]:
             sp, de = r["sparse"], r["dense"]
             lines.append(f"| {r['module']} | {r['mode']} | {sp['scan_ms']:.2f} | {de['scan_ms']:.2f} | "
                          f"{_ratio(sp['scan_ms'], de['scan_ms'])} | {sp['entries']} | "
-                         f"{de['entries']} | {sp['found']}/{de['found']} |")
+                         f"{de['entries']} | {_ratio(sp['entries'], de['entries'])} | "
+                         f"{sp['found']}/{de['found']} |")
         lines.append("")
     bad = [c for c in cells if not c.get("memory_ok", True)]
     for c in bad:
@@ -665,9 +681,11 @@ def host_main(a, argv: list[str]) -> int:
     binary()
     releases = {k: vm.resolve_kernel(k) for k in a.kernels}
     if "before" in a.modules:
-        build_before(a.before, list(releases.values()))
+        build_rev(a.before, list(releases.values()), "before", a.after)
+    if "after" in a.modules and a.after != "tree":
+        build_rev(a.after, list(releases.values()), "after", a.after)
     for k, rel in releases.items():
-        for name, p in module_paths(rel, a.before).items():
+        for name, p in module_paths(rel, a.before, a.after).items():
             if name in a.modules and not p.exists():
                 print(f"bench_scale: {p} is missing: make -C kmod KERNEL_DIR=/lib/modules/{rel}/build",
                       file=sys.stderr)
@@ -746,6 +764,9 @@ def parse(argv: list[str]):
     ap.add_argument("--modes", default="abit,fault")
     ap.add_argument("--modules", default="before,after")
     ap.add_argument("--before", default=BEFORE_REV, help="git revision of the 'before' module")
+    ap.add_argument("--after", default="tree",
+                    help="the 'after' module: 'tree' (the working tree's build, build/kmod) or a "
+                         "git revision, built out of tree")
     ap.add_argument("--period-ms", type=int, default=250,
                     help="the module's scan period (250: the daemon's default for 1 s intervals)")
     ap.add_argument("--intervals", type=int, default=8, help="1 s intervals per measurement")
