@@ -535,6 +535,10 @@ def render(doc: dict) -> str:
                                " (working tree)" if doc["args"].get("after", "tree") == "tree"
                                else f" (git {doc['args']['after']})")
                  for k, v in doc["modules"].items()), ""]
+    if doc.get("command"):
+        lines[1:1] = ["", f"    $ {doc['command']}"]
+    if doc.get("note"):
+        lines += [doc["note"], ""]
 
     def cell(size, thp, motion):
         return next((c for c in cells if c["size_mb"] == size and c["thp"] == thp
@@ -658,13 +662,17 @@ def render(doc: dict) -> str:
 
 def markdown_section(docs: list[dict], command: str) -> str:
     a = docs[0]["args"]
-    head = [f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "", f"    $ {command}", "",
+    run = [] if all(d.get("command") for d in docs) else [f"    $ {command}", ""]
+    head = [f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "", *run,
             f"hotcold: {a['hot_mb']} MiB hot set, {a['noise_ppm']} ppm noise, first touched on "
             f"the slow node, one process per footprint and THP setting: still, then moving every "
             f"{a['phase_s']} s. Module scan every {a['period_ms']} ms; {a['intervals']} intervals "
             "of 1 s per measurement, each ending with an accessed-only read (reset) right after "
-            "the workload's tick. P/R: hottest units by count until the hot set's size, per "
-            "interval, median/min. ms/pass: STATS (scan_ns + probe_ns) / scans, wall time in the "
+            "the workload's tick. P/R: precision and recall per interval (median/min) of the "
+            "hottest units, ranked by count or by the module's freq estimate (pages, or the "
+            "'after' module's 2 MiB region records), taken until they cover the hot set's size; "
+            "an interval in which no pass walked the hot set reads only noise and scores 0. "
+            "ms/pass: STATS (scan_ns + probe_ns) / scans, wall time in the "
             "kernel of an emulated guest on a shared host: compare within one table. DAMON: "
             + ("its own kdamond, the workload's CPU shared with a busy process (see --help)"
                if a.get("damon_share", True) else "its own kdamond, the workload alone on its CPU")
@@ -717,6 +725,8 @@ def host_main(a, argv: list[str]) -> int:
         if out.exists():
             docs.append(json.loads(out.read_text()))
             docs[-1]["vm_seconds"] = round(res.seconds)
+            docs[-1]["command"] = ("scripts/bench_scale.py " + " ".join(shlex.quote(x) for x in argv)
+                                   if len(a.kernels) == 1 else f"(the {k} boot of the command above)")
             docs[-1]["kernel_reports"] = res.reports
         if not res.ok:
             ok = False
