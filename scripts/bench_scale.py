@@ -826,7 +826,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
     if a.from_json:
-        docs = [json.loads(Path(p).read_text()) for p in a.from_json]
+        try:
+            docs = [json.loads(Path(p).read_text()) for p in a.from_json]
+        except (OSError, ValueError) as e:
+            print(f"bench_scale: --from-json: {e}", file=sys.stderr)
+            return 1
         return 0 if finish(docs, a, "scripts/bench_scale.py " + " ".join(argv)) else 1
     from pagetier.checkout import in_guest
 
