@@ -257,6 +257,18 @@ def mapped_span(pid: int) -> tuple[int, int]:
     return ends[0][0], ends[-1][1]
 
 
+def resident_bytes(pid: int) -> int:
+    """``pid``'s resident memory (VmRSS), 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 GRANULARITIES = ("auto", "page", "region")
 AUTO_REGION_BYTES = 1 << 30  # granularity auto: regions for targets that map more than this
 
@@ -346,12 +358,14 @@ class KmodProfiler(Profiler):
                 raise
 
     def regions(self, pid: int) -> bool:
-        """Whether ``pid``'s reads list regions; "auto" decides once, from the first pass."""
+        """Whether ``pid``'s reads list regions; "auto" decides once, at the first read, from
+        the larger of the module's regions and the process's resident memory (a large target's
+        first pass spans several scan periods, and its regions are counted when it ends)."""
         if pid not in self._regions:
             use = self.granularity == "region"
             if self.granularity == "auto" and self.has_regions:
-                present = self.dev.stats(pid)["regions_tracked"]
-                use = present * uapi.REGION_SIZE > AUTO_REGION_BYTES
+                present = self.dev.stats(pid)["regions_tracked"] * uapi.REGION_SIZE
+                use = max(present, resident_bytes(pid)) > AUTO_REGION_BYTES
             self._regions[pid] = use
         return self._regions[pid]
 
