@@ -27,6 +27,8 @@ struct scan_batch {
 	u64 tracked;
 	u64 walked; /* pages in the page tables (and huge mappings) read */
 	bool probing;
+	unsigned long region;	/* the region of the units below, and whether they are left */
+	bool no_marks;		/* unmarked: UNMARK named it (pages being moved) */
 	struct pagetier_probe_list probe; /* units accessed in the last period, for probe.c */
 	struct pt_seen seen[PTRS_PER_PTE];
 };
@@ -36,6 +38,24 @@ static bool in_sample(struct pagetier_target *t, unsigned long unit)
 	if (t->page_budget && t->marked_now >= t->page_budget)
 		return false;
 	return t->ratio_now <= 1 || (unit + t->scans) % t->ratio_now == 0;
+}
+
+/*
+ * Whether the units of the region holding @index are left unmarked in this pass: a region
+ * UNMARK named holds pages the daemon is moving, which move_pages cannot move on 6.1 if a pass
+ * marks them again in between; the pass that re-reads it marks none of them.
+ */
+static bool sample_region(struct pagetier_target *t, struct scan_batch *b, unsigned long index)
+{
+	unsigned long r = index >> (PMD_SHIFT - PAGE_SHIFT);
+	void *entry;
+
+	if (r != b->region) {
+		b->region = r;
+		entry = xa_load(&t->regions, r);
+		b->no_marks = xa_is_value(entry) && (xa_to_value(entry) & PR_REWALK);
+	}
+	return !b->no_marks;
 }
 
 static void scan_pte(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
@@ -50,7 +70,8 @@ static void scan_pte(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	if (pte_special(pte))
 		return;
 	/* the first scan only arms: counting starts with the attach */
-	acc = t->ops->pte(t, vma, addr, ptep, in_sample(t, index)) && t->scans;
+	acc = t->ops->pte(t, vma, addr, ptep, sample_region(t, b, index) && in_sample(t, index)) &&
+	      t->scans;
 	b->seen[b->n++] = (struct pt_seen){ index, page_to_nid(pte_page(pte)), false, acc };
 }
 
@@ -63,7 +84,9 @@ static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	unsigned int nid = page_to_nid(pmd_page(*pmdp));
 	bool acc;
 
-	acc = t->ops->pmd(t, vma, addr, pmdp, in_sample(t, addr >> HPAGE_PMD_SHIFT)) && t->scans;
+	acc = t->ops->pmd(t, vma, addr, pmdp,
+			  sample_region(t, b, index) && in_sample(t, addr >> HPAGE_PMD_SHIFT)) &&
+	      t->scans;
 	b->seen[b->n++] = (struct pt_seen){ index, nid, true, acc };
 }
 
@@ -174,6 +197,8 @@ int pagetier_scan(struct pagetier_target *t)
 	b->n = 0;
 	b->tracked = 0;
 	b->walked = 0;
+	b->region = ULONG_MAX;
+	b->no_marks = false;
 	b->probing = pagetier_probe_enabled(t);
 	b->probe = (struct pagetier_probe_list){};
 	w.priv = b;
