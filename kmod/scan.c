@@ -10,6 +10,7 @@
 #include <linux/ktime.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
+#include <linux/version.h>
 
 #include "pagetier.h"
 
@@ -41,15 +42,19 @@ static bool in_sample(struct pagetier_target *t, unsigned long unit)
 }
 
 /*
- * Whether the units of the region holding @index are left unmarked in this pass: a region
- * UNMARK named holds pages the daemon is moving, which move_pages cannot move on 6.1 if a pass
- * marks them again in between; the pass that re-reads it marks none of them.
+ * Whether the units of the region holding @index may be marked in this pass. Before 6.6
+ * move_pages skips a page left PROT_NONE (follow_page honoured NUMA hinting faults), so a region
+ * UNMARK named, which holds pages the daemon is moving, is left unmarked by the pass that
+ * re-reads it. From 6.6 move_pages moves such pages, and marking goes on: a unit left unmarked
+ * takes no fault and gets no count or estimate in that pass.
  */
 static bool sample_region(struct pagetier_target *t, struct scan_batch *b, unsigned long index)
 {
 	unsigned long r = index >> (PMD_SHIFT - PAGE_SHIFT);
 	void *entry;
 
+	if (LINUX_VERSION_CODE >= KERNEL_VERSION(6, 6, 0))
+		return true;
 	if (r != b->region) {
 		b->region = r;
 		entry = xa_load(&t->regions, r);
