@@ -43,10 +43,11 @@ static bool in_sample(struct pagetier_target *t, unsigned long unit)
 
 /*
  * Whether the units of the region holding @index may be marked in this pass. Before 6.6
- * move_pages skips a page left PROT_NONE (follow_page honoured NUMA hinting faults), so a region
- * UNMARK named, which holds pages the daemon is moving, is left unmarked by the pass that
- * re-reads it. From 6.6 move_pages moves such pages, and marking goes on: a unit left unmarked
- * takes no fault and gets no count or estimate in that pass.
+ * move_pages skips a page left PROT_NONE (follow_page honoured NUMA hinting faults), so a
+ * region UNMARK named, which holds pages the daemon is moving, is left unmarked by the pass
+ * that re-reads it. From 6.6 move_pages moves such pages (6.12 finds them through
+ * folio_walk_start), and marking goes on: a unit left unmarked takes no fault and gets no count
+ * or estimate in that pass.
  */
 static bool sample_region(struct pagetier_target *t, struct scan_batch *b, unsigned long index)
 {
