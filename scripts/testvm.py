@@ -231,6 +231,11 @@ def _boot(vng, release, kernel, command, fast_mb, slow_mb, cpus, kvm, hmat, time
         # QEMU 7.2's emulated AVX2 gathers raised a #GP in a correct numpy loop in the guest
         # (vpgatherqq in the daemon, which is no target): guests get no AVX2 under emulation
         args += ["--disable-kvm", "--qemu-opt=-cpu", f"--qemu-opt={TCG_CPU}"]
+        # QEMU 7.2's TCG runs CMPXCHG16B through a helper that reads a stale flags state: a 6.12
+        # guest took a double fault right after SLUB's per-CPU cmpxchg16b, its EFLAGS the low
+        # half of RDI. The kernel is told the CPU lacks it and uses its own fallback; user space
+        # still sees CX16 (numpy's wheels require x86-64-v2, which has it)
+        args[args.index("loglevel=4")] = "loglevel=4 clearcpuid=cx16"
     if hmat:
         # "=" form: the value starts with "-", which argparse would take for an option
         args += ["--disable-microvm", f"--qemu-opts={_hmat_opts(fast_mb, slow_mb, cpus)}"]
