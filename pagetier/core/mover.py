@@ -15,9 +15,22 @@ the destination node      moved       record the move
 -EBUSY, -EAGAIN           busy        try again in a later interval
 -ENOMEM                   nomem       stop moving for this interval (back off)
 -EFAULT, -ENOENT          gone        forget the unit (unmapped, or never touched)
--EACCES (shared page)     failed      count it; MPOL_MF_MOVE moves only private pages
+-EACCES (shared page)     failed      moved again with MPOL_MF_MOVE_ALL (below);
+                                      without CAP_SYS_NICE counted, left in place
 anything else             failed      count it
 ========================  ==========  =============================================
+
+-EBUSY and -EAGAIN are normal for shared memory and page cache: a folio locked, under writeback,
+or dirty on a filesystem that cannot migrate it without writing it back. They are counted by
+errno name in :attr:`MoveResult.errors` and never retried within a call: the daemon's next
+interval plans again.
+
+Pages mapped by more than one process (shmem segments, shared file mappings, pages a fork
+shares) move only with ``MPOL_MF_MOVE_ALL``, which needs CAP_SYS_NICE: with plain
+``MPOL_MF_MOVE`` the kernel answers -EACCES for them. :func:`move` passes MPOL_MF_MOVE_ALL
+from the start for the units its ``shared`` marks (the profiler saw them mapped more than
+once), and moves the pages of the others that came back -EACCES once more with it. Without the
+capability (:func:`can_move_all`) it says so once, in one line, and moves what it can.
 
 A region's pages that are -ENOENT or -EFAULT are absent (never touched, or unmapped holes), not
 a gone unit: the region is ``gone`` only when all 512 are. It is ``moved`` when every present
@@ -37,6 +50,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -50,8 +64,13 @@ MPOL_MF_MOVE_ALL = 1 << 2  # move every page (CAP_SYS_NICE)
 BATCH = 4096  # pages per numa_move_pages call
 
 _NOT_REACHED = -(1 << 30)  # pre-filled status: the kernel did not get to this page
+_NOT_TRIED = _NOT_REACHED + 1  # a page of a call never made (ENOMEM stopped the move first)
+CAP_SYS_NICE = 23  # bit of CapEff in /proc/self/status
+PROC_STATUS = "/proc/self/status"
 
+log = logging.getLogger("pagetier.mover")
 _lib = None
+_move_all: bool | None = None  # whether MPOL_MF_MOVE_ALL is allowed; None: not looked at yet
 
 
 class MoveError(PagetierError):
@@ -156,7 +175,7 @@ def classify(status: np.ndarray, node: int, offset: int = 0) -> dict[str, np.nda
     moved = status == node
     busy = (status == -errno.EBUSY) | (status == -errno.EAGAIN) | (status == _NOT_REACHED)
     gone = (status == -errno.EFAULT) | (status == -errno.ENOENT)
-    nomem = status == -errno.ENOMEM
+    nomem = (status == -errno.ENOMEM) | (status == _NOT_TRIED)
     failed = ~(moved | busy | gone | nomem)
     return {"moved": idx[moved], "busy": idx[busy], "gone": idx[gone], "nomem": idx[nomem],
             "failed": idx[failed]}
@@ -172,10 +191,73 @@ def page_addresses(addrs: np.ndarray, region: np.ndarray) -> tuple[np.ndarray, n
     return addrs[owner] + offset.astype(np.uint64) * np.uint64(PAGE_SIZE), owner
 
 
+def can_move_all() -> bool:
+    """Whether this process may pass MPOL_MF_MOVE_ALL (it has CAP_SYS_NICE); the first time it
+    may not, one line says what that leaves undone."""
+    global _move_all
+    if _move_all is None:
+        try:
+            with open(PROC_STATUS) as f:
+                caps = next((ln.split()[1] for ln in f if ln.startswith("CapEff:")), "0")
+            allowed = bool(int(caps, 16) >> CAP_SYS_NICE & 1)
+        except (OSError, ValueError):
+            allowed = os.geteuid() == 0
+        _set_move_all(allowed)
+    return bool(_move_all)
+
+
+def _set_move_all(allowed: bool) -> None:
+    global _move_all
+    if not allowed and _move_all is not False:
+        log.warning("move_pages: no CAP_SYS_NICE, so no MPOL_MF_MOVE_ALL: pages mapped by "
+                    "several processes (shared memory, shared file mappings) stay where they "
+                    "are; run the daemon as root to move them")
+    _move_all = allowed
+
+
+def _run(pid: int, addrs: np.ndarray, node: int, flags: int, batch: int, status: np.ndarray,
+         sel: np.ndarray, res: MoveResult) -> bool:
+    """Move the pages ``addrs[sel]``, ``batch`` per call, their per-page results written to
+    ``status[sel]``. False when a batch met ENOMEM (the calls stop there: the pages not sent
+    keep _NOT_TRIED). A call with MPOL_MF_MOVE_ALL refused (EPERM: no CAP_SYS_NICE) is made
+    again without it."""
+    a = np.ascontiguousarray(addrs[sel])
+    st = np.full(len(a), _NOT_TRIED, np.int32)
+    nodes = np.full(min(len(a), batch), node, np.int32)
+    ok = True
+    for s in range(0, len(a), batch):
+        e = min(len(a), s + batch)
+        st[s:e] = _NOT_REACHED
+        try:
+            try:
+                _raw(pid, a[s:e], nodes[:e - s], st[s:e], flags)
+            except MoveError as err:
+                if not (flags & MPOL_MF_MOVE_ALL and err.errno == errno.EPERM):
+                    raise
+                st[s:e] = _NOT_REACHED
+                _raw(pid, a[s:e], nodes[:e - s], st[s:e], flags & ~MPOL_MF_MOVE_ALL)
+                # allowed without the flag: it was the flag the kernel refused
+                _set_move_all(False)
+                flags &= ~MPOL_MF_MOVE_ALL
+        except MoveError as err:
+            if err.errno != errno.ENOMEM:
+                raise
+            st[s:e] = -errno.ENOMEM  # no memory for the copies: the node is full
+        res.calls += 1
+        if (st[s:e] == -errno.ENOMEM).any():
+            ok = False
+            break
+    status[sel] = st
+    return ok
+
+
 def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
-         batch: int = BATCH, region: np.ndarray | None = None) -> MoveResult:
+         batch: int = BATCH, region: np.ndarray | None = None,
+         shared: np.ndarray | None = None) -> MoveResult:
     """Move the units starting at ``addrs`` of process ``pid`` to ``node``, ``batch`` pages
     per call. ``region``: which units are regions (bool; None: none), moved page by page.
+    ``shared``: which units are mapped by more than one process (bool; None: none known):
+    they are moved with MPOL_MF_MOVE_ALL, as are the others' pages the kernel reports shared.
 
     Stops after the batch in which a page failed with ENOMEM (the rest count as ``nomem``).
     Raises MoveError for whole-call failures (see the module docstring).
@@ -186,37 +268,35 @@ def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
     if region is not None and len(region) and np.asarray(region, bool).any():
         addrs, owner = page_addresses(addrs, np.asarray(region, bool))
     n = len(addrs)
-    status = np.full(n, _NOT_REACHED, np.int32)
-    nodes = np.full(min(n, batch), node, np.int32)
+    sh = np.zeros(n, bool)
+    if shared is not None and len(shared) == n_units:
+        sh = np.asarray(shared, bool)
+        if owner is not None:
+            sh = sh[owner]
+    plain = flags & ~MPOL_MF_MOVE_ALL
+    all_flags = plain | MPOL_MF_MOVE_ALL if flags & MPOL_MF_MOVE_ALL or can_move_all() else plain
+    status = np.full(n, _NOT_TRIED, np.int32)
     res = MoveResult()
-    s = 0
-    while s < n:
-        e = min(n, s + batch)
-        try:
-            _raw(pid, addrs[s:e], nodes[:e - s], status[s:e], flags)
-        except MoveError as err:
-            if err.errno != errno.ENOMEM:
-                raise
-            status[s:e] = -errno.ENOMEM  # no memory for the copies: the node is full
-        res.calls += 1
-        nomem = (status[s:e] == -errno.ENOMEM).any()
-        s = e
-        if nomem:
-            res.stopped = True
-            break
-    pages = classify(status[:s], node)
-    if s < n:
-        pages["nomem"] = np.concatenate([pages["nomem"], np.arange(s, n, dtype=np.int64)])
+    # the units known to be shared first, with MPOL_MF_MOVE_ALL: then the others
+    ok = (not sh.any() or _run(pid, addrs, node, all_flags, batch, status, np.flatnonzero(sh),
+                               res))
+    ok = ok and _run(pid, addrs, node, flags, batch, status, np.flatnonzero(~sh), res)
+    # pages the kernel found shared (-EACCES): once more, with MPOL_MF_MOVE_ALL
+    again = np.flatnonzero(status == -errno.EACCES)
+    if ok and len(again) and (all_flags & MPOL_MF_MOVE_ALL) and can_move_all():
+        ok = _run(pid, addrs, node, all_flags, batch, status, again, res)
+    res.stopped = not ok
+    pages = classify(status, node)
     if owner is None:
         for k, v in pages.items():
             setattr(res, k, v)
     else:
         _region_outcomes(res, pages, owner, region, n_units)
-    done = status[:s]
-    for code in np.unique(done[(done < 0) & (done != _NOT_REACHED)]):
-        res.errors[errno.errorcode.get(-int(code), str(-int(code)))] = int((done == code).sum())
-    if (done == _NOT_REACHED).any():
-        res.errors["not reached"] = int((done == _NOT_REACHED).sum())
+    tried = status[status != _NOT_TRIED]
+    for code in np.unique(tried[(tried < 0) & (tried != _NOT_REACHED)]):
+        res.errors[errno.errorcode.get(-int(code), str(-int(code)))] = int((tried == code).sum())
+    if (tried == _NOT_REACHED).any():
+        res.errors["not reached"] = int((tried == _NOT_REACHED).sum())
     return res
 
 
