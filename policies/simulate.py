@@ -64,10 +64,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagetier.core import planner
 from pagetier.core.planner import rate_pages
 from pagetier.core.sample import Sample
-from pagetier.core.state import NEVER, PageState, unit_keys
+from pagetier.core.state import PageState, unit_keys
+from pagetier.core.step import Limits, Read, RecordingMover, Step
 from pagetier.core.units import PAGE_SIZE, parse_size
 from pagetier.errors import ConfigError
 from pagetier.policies.base import Context, Policy, create
@@ -238,6 +238,59 @@ def _placed(st: PageState, sample: Sample, placement: str, capacity: int) -> Sam
                   freq=np.asarray(sample.freq, np.float32))
 
 
+class _FrameClock:
+    """The simulator's clock: the timestamp of the frame being replayed."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _Charge:
+    """One frame's recorded counts, by where their pages were at the start of the interval."""
+
+    def __init__(self):
+        self.fast = self.slow = 0
+
+    def count(self, s: Sample) -> None:
+        c = s.count.astype(np.int64)
+        on_fast = s.node == FAST
+        self.fast += int(c[on_fast].sum())
+        self.slow += int(c[~on_fast].sum())
+
+    @property
+    def hit_ratio(self) -> float:
+        tot = self.fast + self.slow
+        return self.fast / tot if tot else 1.0
+
+    def add_to(self, res: SimResult, cost: CostModel) -> float:
+        """Add the counts and their access time to ``res``; the access time."""
+        acc_s = self.fast * cost.fast_s + self.slow * cost.slow_s
+        res.accesses += self.fast + self.slow
+        res.fast_accesses += self.fast
+        res.access_s += acc_s
+        res.all_fast_s += (self.fast + self.slow) * cost.fast_s
+        res.all_slow_s += (self.fast + self.slow) * cost.slow_s
+        return acc_s
+
+
+def _reads(st: PageState, samples: dict, cfg: SimConfig, charge: _Charge):
+    """The frame's samples as the Step's reads, each placed where the simulator has its units
+    when the one before it has been merged (first touch fills the capacity in order).
+
+    A frame is one interval: its rates are counts per interval (``interval_s = elapsed_s =
+    1``), and counts are taken as recorded (no ``max_count``). The daemon weighs its reads by
+    the seconds they cover because its reads come at uneven times; a replay's frames are even
+    by construction, and the policies' thresholds are set on these rates (the builtin traces,
+    read every 0.5 s, give other decisions with rates per second)."""
+    for pid in sorted(samples):
+        s = _placed(st, samples[pid], cfg.placement, cfg.capacity)
+        charge.count(s)
+        yield Read(pid=int(pid), sample=s, elapsed_s=1.0, interval_s=1.0)
+
+
 def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
              name: str | None = None, events: dict | None = None) -> SimResult:
     """Replay ``frames`` through ``policy`` (a Policy, or a name for ``policies.create``).
@@ -255,59 +308,33 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
         frames = frames.intervals()
     frames = list(frames)
     interval_s = cfg.interval_s or frame_interval_s(frames)
-    limit = rate_pages(cfg.rate_mb_s, interval_s)
-    cost = cfg.cost
+    limits = Limits(budget=int(cfg.capacity), rate=rate_pages(cfg.rate_mb_s, interval_s))
     res = SimResult(policy=name or getattr(policy, "name", "?"), capacity=int(cfg.capacity))
     st = PageState(decay=cfg.decay)
-    t0 = float(frames[0][1]) if frames else 0.0
+    clock = _FrameClock(float(frames[0][1]) if frames else 0.0)
+    step = Step(st, policy, RecordingMover(FAST, SLOW, cfg.ping_pong_window), clock, Context,
+                fast=FAST, slow=SLOW, interval_s=interval_s, t0=clock.now)
     for k, (_, t, samples) in enumerate(frames):
-        st.begin_interval()
-        fast_acc = slow_acc = 0
-        for pid in sorted(samples):
-            s = _placed(st, samples[pid], cfg.placement, cfg.capacity)
-            st.update(s)
-            policy.observe(int(pid), s)
-            c = s.count.astype(np.int64)
-            on_fast = s.node == FAST
-            fast_acc += int(c[on_fast].sum())
-            slow_acc += int(c[~on_fast].sum())
+        clock.now = float(t)
+        step.begin()
+        charge = _Charge()
+        step.merge(_reads(st, samples, cfg, charge))
         res.max_fast_pages = max(res.max_fast_pages, st.pages_on(FAST))
-        acc_s = fast_acc * cost.fast_s + slow_acc * cost.slow_s
-        res.accesses += fast_acc + slow_acc
-        res.fast_accesses += fast_acc
-        res.access_s += acc_s
-        res.all_fast_s += (fast_acc + slow_acc) * cost.fast_s
-        res.all_slow_s += (fast_acc + slow_acc) * cost.slow_s
-
+        acc_s = charge.add_to(res, cfg.cost)
         res.intervals += 1
-        tot = fast_acc + slow_acc
         if k == len(frames) - 1:  # the program has ended: moves now would serve nothing
-            res.timeline.append((fast_acc / tot if tot else 1.0, acc_s))
+            res.timeline.append((charge.hit_ratio, acc_s))
             break
         for ev in (events or {}).get(k, ()):
             policy.annotate(ev)
-        ctx = Context(fast_node=FAST, slow_node=SLOW, fast_budget=int(cfg.capacity),
-                      max_moves=limit, interval=st.interval, now=float(t) - t0,
-                      interval_s=interval_s)
-        dec = policy.decide(st, ctx)
-        moves = planner.plan(st, dec, int(cfg.capacity), None, limit, fast=FAST, slow=SLOW)
-        res.clipped += max(0, moves.clipped)
-        moved_pages = 0
-        for idx, node in ((moves.demotions, SLOW), (moves.promote, FAST)):
-            if not len(idx):
-                continue
-            last = st.last_move[idx]
-            res.ping_pongs += int(((last != NEVER) & (st.interval - last <= cfg.ping_pong_window)).sum())
-            pages = int(st.npages[idx].sum(dtype=np.int64))
-            moved_pages += pages
-            if node == FAST:
-                res.promoted_pages += pages
-            else:
-                res.demoted_pages += pages
-            st.record_moves(idx, node)
-        mig_s = moved_pages * cost.page_move_s
+        out = step.act(lambda: limits)
+        res.clipped += max(0, out.moves.clipped)
+        res.ping_pongs += out.moved.tally["ping_pongs"]
+        res.promoted_pages += out.moved.promoted
+        res.demoted_pages += out.moved.demoted
+        mig_s = (out.moved.promoted + out.moved.demoted) * cfg.cost.page_move_s
         res.migrate_s += mig_s
-        res.timeline.append((fast_acc / tot if tot else 1.0, acc_s + mig_s))
-        res.policy_stats = dict(dec.stats)
+        res.timeline.append((charge.hit_ratio, acc_s + mig_s))
+        res.policy_stats = dict(out.decision.stats)
     res.footprint_pages = int(st.npages.sum(dtype=np.int64)) if len(st) else 0
     return res
