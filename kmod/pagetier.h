@@ -73,7 +73,8 @@ struct pagetier_mode_ops {
  * A tracked page's entry in the target's xarray (index: address >> PAGE_SHIFT), a value entry:
  * bits 0-31 access count, 32-41 node + 1 (0: unknown), 42 huge mapping, 43-50 scan generation,
  * 51 seen (accessed since the previous scan, as far as faults or probe hits tell; read and
- * cleared by the scan), 52-55 the last frequency probe's result (0: none, else 1 + windows hit).
+ * cleared by the scan), 52-55 the last frequency probe's result (0: none, else 1 + windows hit),
+ * 56-57 the kind of memory (PT_KIND_*), 58 mapped more than once at the last scan.
  * XA_MARK_0 marks entries accessed since the last reset.
  */
 #define PT_COUNT_MASK 0xffffffffUL
@@ -87,6 +88,24 @@ struct pagetier_mode_ops {
 #define PT_PROBE_SHIFT 52
 #define PT_PROBE_MASK (0xfUL << PT_PROBE_SHIFT)
 #define PT_PROBE_MAX_WINDOWS 6
+#define PT_KIND_SHIFT 56
+#define PT_KIND_MASK (3UL << PT_KIND_SHIFT)
+#define PT_SHARED (1UL << 58)
+
+/* kinds of memory (pagetier_page_kind()) */
+#define PT_KIND_ANON 0
+#define PT_KIND_SHMEM 1 /* shmem/tmpfs: MAP_SHARED|MAP_ANONYMOUS, memfd, /dev/shm */
+#define PT_KIND_FILE 2	/* page cache of a file on a filesystem */
+
+/* The record flags a page entry's kind bits give (PAGETIER_REC_SHMEM, _FILE, _SHARED). */
+static inline u32 pagetier_entry_kind_flags(unsigned long v)
+{
+	unsigned long kind = (v & PT_KIND_MASK) >> PT_KIND_SHIFT;
+
+	return (kind == PT_KIND_SHMEM ? PAGETIER_REC_SHMEM : 0) |
+	       (kind == PT_KIND_FILE ? PAGETIER_REC_FILE : 0) |
+	       ((v & PT_SHARED) ? PAGETIER_REC_SHARED : 0);
+}
 
 /*
  * A region's entry in the target's region table (index: address >> PMD_SHIFT, one per 2 MiB
@@ -94,7 +113,8 @@ struct pagetier_mode_ops {
  * first page (0: unknown), 20 pages on more than one node, 21 one huge mapping, 22 carried over
  * by the pass that stamped it (idle: its upper-level Accessed bit was clear), 23 read its page
  * table in the next pass whatever its bits say, 24-31 the scan generation of the pass that
- * last saw it, 32-62 the number (t->scans) of the pass that last read its page table.
+ * last saw it, 32-59 the number (t->scans, modulo 2^28) of the pass that last read its page
+ * table, 60-62 whether any of its pages is shmem, file-backed, mapped more than once.
  */
 #define PR_PRESENT_MASK 0x3ffUL
 #define PR_NODE_SHIFT 10
@@ -106,7 +126,12 @@ struct pagetier_mode_ops {
 #define PR_GEN_SHIFT 24
 #define PR_GEN_MASK (0xffUL << PR_GEN_SHIFT)
 #define PR_WALKED_SHIFT 32
-#define PR_WALKED_MASK (0x7fffffffUL << PR_WALKED_SHIFT)
+#define PR_WALKED_BITS 28
+#define PR_WALKED_MASK (((1UL << PR_WALKED_BITS) - 1) << PR_WALKED_SHIFT)
+#define PR_SHMEM (1UL << 60)
+#define PR_FILE (1UL << 61)
+#define PR_SHARED (1UL << 62)
+#define PR_KINDS (PR_SHMEM | PR_FILE | PR_SHARED)
 #define PT_REGION_PAGES (PMD_SIZE >> PAGE_SHIFT)
 
 /**
@@ -125,7 +150,7 @@ struct pagetier_mode_ops {
  * @linked:	whether @node is on the list (whoever clears it owns the list's reference);
  *		targets_lock.
  * @ref:	the reference count.
- * @pid, @owner, @spid, @ops, @scan_period_ms, @sample_ratio, @page_budget:
+ * @pid, @owner, @spid, @ops, @scan_period_ms, @sample_ratio, @page_budget, @attach_flags:
  *		set before the target is published, constant afterwards.
  * @mm:		the address space tracked, mmgrab()bed. Written only by the scan work when the
  *		target calls execve, under @mm_lock held for write. Any other user of the mm holds
@@ -140,10 +165,11 @@ struct pagetier_mode_ops {
  *		(both xarrays' locks share one lock class). Written by the scan work and UNMARK,
  *		read by READ_REGIONS; emptied when @mm changes.
  * @work:	the scan; queued by ATTACH and by itself, cancelled by whoever unlinks the target.
- * Scan state (@gen, @ratio_now, @marked_now, @tracked_now, @cursor, @pass_started, @walked_now,
- *		@walked_last, @regions_now, @memo_*):
+ * Scan state (@gen, @ratio_now, @marked_now, @tracked_now, @shmem_now, @file_now, @cursor,
+ *		@pass_started, @walked_now, @walked_last, @regions_now, @memo_*):
  *		the scan work's own; no one else touches them.
- * Statistics (@scans, @pages_tracked, @pages_marked, @scan_ns, @walk_entries, @scan_resumes):
+ * Statistics (@scans, @pages_tracked, @pages_shmem, @pages_file, @pages_marked, @scan_ns,
+ *		@walk_entries, @scan_resumes):
  *		written by the scan work only, read locklessly with READ_ONCE; @faults and
  *		@accesses are atomic.
  */
@@ -158,6 +184,7 @@ struct pagetier_target {
 	u32 scan_period_ms;
 	u32 sample_ratio;
 	u64 page_budget;
+	u32 attach_flags; /* PAGETIER_ATTACH_* */
 	struct mm_struct *mm;
 	struct rw_semaphore mm_lock;
 	unsigned long exec_gen;
@@ -169,6 +196,7 @@ struct pagetier_target {
 	u32 ratio_now;
 	u64 marked_now;
 	u64 tracked_now;
+	u64 shmem_now, file_now; /* of tracked_now, shmem and file-backed units */
 	unsigned long cursor; /* where a pass cut short by the budget resumes */
 	bool pass_started;
 	u64 walked_now, walked_last; /* pages whose page table the pass read (this one, the last) */
@@ -179,6 +207,7 @@ struct pagetier_target {
 	/* statistics */
 	u64 scans; /* complete passes */
 	u64 pages_tracked;
+	u64 pages_shmem, pages_file; /* of pages_tracked */
 	u64 pages_marked;
 	atomic64_t faults;
 	atomic64_t accesses;
@@ -198,15 +227,29 @@ struct pagetier_target {
 	u64 regions_idle;    /* regions carried over without reading their page table, total */
 };
 
-/* core */
-extern struct list_head pagetier_targets;
+/* pagetier_main.c: the device and its knobs */
 extern unsigned int pagetier_scan_budget; /* sysfs scan_budget: page-table entries per period */
 extern unsigned int pagetier_upper_bits;  /* sysfs upper_bits: skip tables whose bit is clear */
 extern unsigned int pagetier_pud_refresh; /* sysfs pud_refresh: passes between PUD re-reads */
+
+/* target.c: the targets, their lifetime and scan work; helpers for the modes */
+extern struct list_head pagetier_targets;
+extern unsigned int pagetier_default_scan_period_ms; /* sysfs default_scan_period_ms */
+extern unsigned int pagetier_max_targets;	     /* sysfs max_targets */
+struct pagetier_attach;
+int pagetier_targets_init(void);
+void pagetier_targets_exit(void);
+long pagetier_target_attach(const struct file *owner, const struct pagetier_attach *a,
+			    const struct pagetier_mode_ops *ops);
+long pagetier_target_detach(pid_t pid);
+void pagetier_detach_owned(const struct file *owner);
+struct pagetier_target *pagetier_target_get(pid_t pid);
+void pagetier_target_put(struct pagetier_target *t);
+int pagetier_targets_emit(char *buf);
 void pagetier_count_access(struct pagetier_target *t, unsigned long index);
+struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
 ssize_t pagetier_uint_store(const char *buf, size_t count, unsigned int *knob, unsigned int lo,
 			    unsigned int hi);
-struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
 
 /* walk.c */
 /**
@@ -228,6 +271,8 @@ struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
  *		below it that the walk covers: true skips the entry's table. No lock held.
  * @memo_pud, @memo_pmd, @memo_pud_young, @memo_pmd_young: the last upper-level entry tested
  *		(index + 1) and its bit, so that VMAs sharing a table see one test: in and out.
+ * @restore:	walk every walkable VMA (pagetier_vma_walkable()), not only those the target
+ *		tracks: a restore undoes marks wherever they may be.
  */
 struct pagetier_walk {
 	void (*pte)(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
@@ -245,8 +290,11 @@ struct pagetier_walk {
 	bool (*idle)(struct pagetier_walk *w, unsigned long first, unsigned long last);
 	unsigned long memo_pud, memo_pmd;
 	bool memo_pud_young, memo_pmd_young;
+	bool restore;
 };
-bool pagetier_vma_tracked(struct vm_area_struct *vma);
+bool pagetier_vma_walkable(struct vm_area_struct *vma);
+bool pagetier_vma_tracked(const struct pagetier_target *t, struct vm_area_struct *vma);
+int pagetier_page_kind(struct page *page, bool *shared);
 pte_t *pagetier_pte_map_lock(struct mm_struct *mm, pmd_t *pmd, unsigned long addr,
 			     spinlock_t **ptl);
 void pagetier_walk_all(struct pagetier_walk *w);
@@ -257,9 +305,9 @@ int pagetier_scan(struct pagetier_target *t);
 
 /* region.c */
 void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsigned int present,
-			  unsigned int node, bool mixed, bool huge);
+			  unsigned int node, bool mixed, bool huge, unsigned long kinds);
 bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsigned long last,
-			  u64 *units);
+			  u64 *units, u64 *shmem, u64 *file);
 void pagetier_region_rewalk(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
 void pagetier_region_drop_stale(struct pagetier_target *t);
 unsigned int pagetier_regions_chunk(struct pagetier_target *t, u32 flags, unsigned long *index,
@@ -306,7 +354,6 @@ void pagetier_inval_start(struct pagetier_inval *iv, struct vm_area_struct *vma,
 void pagetier_inval_end(struct pagetier_inval *iv);
 bool pagetier_young(struct vm_area_struct *vma, unsigned long addr, unsigned long size,
 		    unsigned long *word, bool clear);
-bool pagetier_page_is_plain_anon(struct page *page);
 
 /* ksyms.c: kernel functions not exported to modules, looked up at load time */
 int pagetier_ksyms_init(void);

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * pagetier.ko core: /dev/pagetier and its ioctls, /sys/kernel/pagetier, the targets and their
- * scan timers. How a mode tracks accesses lives in mode_*.c behind struct pagetier_mode_ops.
+ * pagetier.ko's face: /dev/pagetier and its ioctls, /sys/kernel/pagetier, module load and unload.
+ * The targets and their scan work live in target.c, how a mode tracks accesses in mode_*.c
+ * behind struct pagetier_mode_ops.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -21,20 +22,7 @@
 
 #include "pagetier.h"
 
-/*
- * targets_lock guards the list of targets (pagetier_targets, nr_targets, each target's node and
- * linked) and nothing else: it is held only to look a target up and take a reference, or to add
- * or unlink one, never across user memory, a target's mmap_lock or a walk. The fault hook reads
- * the list under RCU. Each target's own fields are documented with struct pagetier_target.
- */
-LIST_HEAD(pagetier_targets);
-static DEFINE_MUTEX(targets_lock);
-static unsigned int nr_targets;
-static struct workqueue_struct *scan_wq;
-
 /* knobs (sysfs), with safe bounds */
-static unsigned int default_scan_period_ms = 1000;
-static unsigned int max_targets = 64;
 /* per scan period, in page-table entries examined (a present one counts more); 0: no limit */
 unsigned int pagetier_scan_budget = 1U << 23;
 /* skip page tables whose upper-level Accessed bit stayed clear since the last pass */
@@ -59,196 +47,10 @@ static const struct pagetier_mode_ops *mode_ops(u32 mode)
 	return NULL;
 }
 
-/**
- * pagetier_find_mm_rcu() - the target tracking @mm.
- * @mm: an address space.
- *
- * Context: rcu_read_lock() held.
- * Return: the target, or NULL.
- */
-struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm)
-{
-	struct pagetier_target *t;
-
-	list_for_each_entry_rcu(t, &pagetier_targets, node) {
-		if (READ_ONCE(t->mm) == mm)
-			return t;
-	}
-	return NULL;
-}
-
-/**
- * pagetier_count_access() - count one access to the tracked page at @index.
- * @t: the target.
- * @index: virtual address >> PAGE_SHIFT; untracked pages are ignored.
- *
- * Context: any, except with t->pages' lock held. Never allocates.
- */
-void pagetier_count_access(struct pagetier_target *t, unsigned long index)
-{
-	XA_STATE(xas, &t->pages, index);
-	unsigned long v;
-	void *entry;
-
-	xas_lock(&xas);
-	entry = xas_load(&xas);
-	if (xa_is_value(entry)) {
-		v = xa_to_value(entry);
-		if ((v & PT_COUNT_MASK) != PT_COUNT_MASK)
-			v++;
-		xas_store(&xas, xa_mk_value(v | PT_SEEN)); /* replaces a present entry: no allocation */
-		xas_set_mark(&xas, PT_ACCESSED);
-		atomic64_inc(&t->accesses);
-	}
-	xas_unlock(&xas);
-}
-
-static struct pagetier_target *find_pid_locked(pid_t pid)
-{
-	struct pagetier_target *t;
-
-	lockdep_assert_held(&targets_lock);
-	list_for_each_entry(t, &pagetier_targets, node) {
-		if (t->pid == pid)
-			return t;
-	}
-	return NULL;
-}
-
-/* The last reference is gone: nothing else can reach @t. */
-static void target_release(struct kref *ref)
-{
-	struct pagetier_target *t = container_of(ref, struct pagetier_target, ref);
-
-	xa_destroy(&t->pages);
-	xa_destroy(&t->regions);
-	mmdrop(t->mm);
-	put_pid(t->spid);
-	kfree(t);
-}
-
-static void target_put(struct pagetier_target *t)
-{
-	kref_put(&t->ref, target_release);
-}
-
-/* The target attached for @pid, with a reference the caller puts; or NULL. */
-static struct pagetier_target *target_get(pid_t pid)
-{
-	struct pagetier_target *t;
-
-	mutex_lock(&targets_lock);
-	t = find_pid_locked(pid);
-	if (t)
-		kref_get(&t->ref);
-	mutex_unlock(&targets_lock);
-	return t;
-}
-
-/* Take @t off the list; the caller then owns the list's reference. */
-static void target_unlink_locked(struct pagetier_target *t)
-{
-	lockdep_assert_held(&targets_lock);
-	list_del_rcu(&t->node);
-	t->linked = false;
-	nr_targets--;
-}
-
-/*
- * The target's address space is gone: if the process lives on, it called execve. Follow it to
- * its new address space, with fresh counts. Runs in the scan work, the only writer of t->mm.
- * Return: true if the target now tracks that one.
- */
-static bool follow_exec(struct pagetier_target *t)
-{
-	struct task_struct *task = get_pid_task(t->spid, PIDTYPE_PID);
-	struct mm_struct *mm = task ? get_task_mm(task) : NULL;
-	struct mm_struct *old = t->mm;
-
-	if (task)
-		put_task_struct(task);
-	if (!mm)
-		return false;
-	if (mm == old) { /* exiting, not yet gone */
-		mmput(mm);
-		return false;
-	}
-	mmgrab(mm);
-	mmput(mm);
-	down_write(&t->mm_lock);
-	WRITE_ONCE(t->mm, mm); /* the fault hook only compares this pointer */
-	t->exec_gen++;
-	xa_destroy(&t->pages);
-	xa_destroy(&t->regions);
-	up_write(&t->mm_lock);
-	t->pass_started = false;
-	t->walked_last = 0;
-	WRITE_ONCE(t->pages_tracked, 0);
-	mmdrop(old);
-	pr_debug("pid %d called execve; following it\n", t->pid);
-	return true;
-}
-
-/* Unlinked by someone else: wait until the fault hook and the scan are done with @t. */
-static void target_quiesce(struct pagetier_target *t)
-{
-	WRITE_ONCE(t->stopping, true); /* a scan work probing ends at its next window */
-	synchronize_rcu();
-	cancel_delayed_work_sync(&t->work);
-}
-
-/* Undo every change the mode made to the target's page tables, if its address space lives. */
-static void target_restore(struct pagetier_target *t)
-{
-	struct mm_struct *mm;
-
-	if (!t->ops->detach)
-		return;
-	down_read(&t->mm_lock);
-	mm = t->mm;
-	if (mmget_not_zero(mm)) {
-		mmap_read_lock(mm);
-		t->ops->detach(t);
-		mmap_read_unlock(mm);
-		mmput(mm);
-	}
-	up_read(&t->mm_lock);
-}
-
-static void scan_work(struct work_struct *work)
-{
-	struct pagetier_target *t = container_of(to_delayed_work(work), struct pagetier_target, work);
-	bool mine = false;
-	int ret = pagetier_scan(t);
-
-	if (ret == -ESRCH && follow_exec(t))
-		ret = pagetier_scan(t);
-	if (ret != -ESRCH) {
-		queue_delayed_work(scan_wq, &t->work, msecs_to_jiffies(t->scan_period_ms));
-		return;
-	}
-	/* the target exited: forget it, unless whoever unlinked it already owns it */
-	mutex_lock(&targets_lock);
-	if (t->linked) {
-		target_unlink_locked(t);
-		mine = true;
-	}
-	mutex_unlock(&targets_lock);
-	if (!mine)
-		return;
-	pr_info("pid %d exited; forgotten\n", t->pid);
-	synchronize_rcu(); /* the fault hook may still look at it */
-	target_put(t); /* the list's: a work item may free itself */
-}
-
 static long do_attach(struct file *file, struct pagetier_attach __user *arg)
 {
 	struct pagetier_attach a;
-	struct pagetier_target *t;
-	struct task_struct *task;
-	struct mm_struct *mm;
 	unsigned int i;
-	long ret;
 
 	if (copy_from_user(&a, arg, sizeof(a)))
 		return -EFAULT;
@@ -262,102 +64,18 @@ static long do_attach(struct file *file, struct pagetier_attach __user *arg)
 		return -EINVAL;
 	if (a.sample_ratio > PAGETIER_SAMPLE_RATIO_MAX)
 		return -EINVAL;
-
-	t = kzalloc(sizeof(*t), GFP_KERNEL);
-	if (!t)
-		return -ENOMEM;
-	t->spid = find_get_pid(a.pid);
-	task = t->spid ? get_pid_task(t->spid, PIDTYPE_PID) : NULL;
-	if (!task) {
-		ret = -ESRCH;
-		goto err_pid;
-	}
-	if (task->flags & PF_KTHREAD) {
-		ret = -EINVAL;
-		goto err_task;
-	}
-	/* the check /proc/PID/pagemap applies to its readers */
-	if (!pt_ptrace_may_access(task, PTRACE_MODE_READ_FSCREDS)) {
-		ret = -EACCES;
-		goto err_task;
-	}
-	mm = get_task_mm(task);
-	if (!mm) {
-		ret = -ESRCH; /* exiting */
-		goto err_task;
-	}
-	mmgrab(mm);
-	mmput(mm);
-	put_task_struct(task);
-
-	kref_init(&t->ref); /* the list's */
-	t->pid = a.pid;
-	t->owner = file;
-	t->mm = mm;
-	init_rwsem(&t->mm_lock);
-	t->ops = mode_ops(a.mode);
-	t->scan_period_ms = a.scan_period_ms ?: READ_ONCE(default_scan_period_ms);
-	t->sample_ratio = max_t(u32, a.sample_ratio, 1);
-	t->page_budget = a.page_budget;
-	xa_init(&t->pages);
-	xa_init(&t->regions);
-	INIT_DELAYED_WORK(&t->work, scan_work);
-
-	mutex_lock(&targets_lock);
-	rcu_read_lock();
-	ret = pagetier_find_mm_rcu(mm) ? -EBUSY : 0;
-	rcu_read_unlock();
-	if (!ret && find_pid_locked(a.pid))
-		ret = -EBUSY;
-	if (!ret && nr_targets >= READ_ONCE(max_targets))
-		ret = -ENOSPC;
-	if (ret) {
-		mutex_unlock(&targets_lock);
-		target_put(t);
-		return ret;
-	}
-	list_add_tail_rcu(&t->node, &pagetier_targets);
-	t->linked = true;
-	nr_targets++;
-	queue_delayed_work(scan_wq, &t->work, 0);
-	mutex_unlock(&targets_lock);
-	pr_debug("attached pid %d, mode %s\n", t->pid, t->ops->name);
-	return 0;
-
-err_task:
-	put_task_struct(task);
-err_pid:
-	put_pid(t->spid);
-	kfree(t);
-	return ret;
-}
-
-/* The caller unlinked @t and owns the list's reference: stop, restore, put. */
-static void detach_target(struct pagetier_target *t)
-{
-	target_quiesce(t);
-	target_restore(t);
-	target_put(t);
+	return pagetier_target_attach(file, &a, mode_ops(a.mode));
 }
 
 static long do_detach(struct pagetier_detach __user *arg)
 {
 	struct pagetier_detach d;
-	struct pagetier_target *t;
 
 	if (copy_from_user(&d, arg, sizeof(d)))
 		return -EFAULT;
 	if (d.flags || d.reserved[0] || d.reserved[1])
 		return -EINVAL;
-	mutex_lock(&targets_lock);
-	t = find_pid_locked(d.pid);
-	if (t)
-		target_unlink_locked(t);
-	mutex_unlock(&targets_lock);
-	if (!t)
-		return -ESRCH;
-	detach_target(t);
-	return 0;
+	return pagetier_target_detach(d.pid);
 }
 
 /*
@@ -444,59 +162,6 @@ out:
 	up_read(&t->mm_lock);
 }
 
-static long do_read(struct pagetier_read __user *arg)
-{
-	struct pagetier_read r;
-	struct pagetier_record *chunk;
-	struct pagetier_target *t;
-	struct pagetier_record __user *ubuf;
-	unsigned long index, egen;
-	unsigned int n;
-	u64 done = 0;
-	long ret = 0;
-	bool more = false;
-
-	if (copy_from_user(&r, arg, sizeof(r)))
-		return -EFAULT;
-	if ((r.flags & ~(PAGETIER_READ_RESET | PAGETIER_READ_ACCESSED_ONLY)) || r.reserved[0] ||
-	    r.reserved[1] || r.cursor > ULONG_MAX)
-		return -EINVAL;
-	ubuf = u64_to_user_ptr(r.buf);
-	/* array_size() saturates: a length that overflows fails access_ok() */
-	if (r.buf_len && !access_ok(ubuf, array_size(r.buf_len, sizeof(*chunk))))
-		return -EFAULT;
-	chunk = kmalloc_array(READ_CHUNK, sizeof(*chunk), GFP_KERNEL);
-	if (!chunk)
-		return -ENOMEM;
-	t = target_get(r.pid);
-	if (!t) {
-		kfree(chunk);
-		return -ESRCH;
-	}
-	/* records go out from the kernel copy, no lock held; counts reset once they are out */
-	index = r.cursor;
-	while (done < r.buf_len) {
-		n = read_chunk(t, r.flags, &index, ULONG_MAX, chunk,
-			       min_t(u64, READ_CHUNK, r.buf_len - done), &more, &egen);
-		if (n && copy_to_user(ubuf + done, chunk, n * sizeof(*chunk))) {
-			ret = -EFAULT; /* this chunk's counts stay */
-			break;
-		}
-		if (n && (r.flags & PAGETIER_READ_RESET))
-			reset_chunk(t, chunk, n, egen);
-		done += n;
-		if (!more)
-			break;
-	}
-	target_put(t);
-	kfree(chunk);
-	if (ret)
-		return ret;
-	r.nr_records = done;
-	r.cursor = more ? index : 0;
-	return copy_to_user(arg, &r, sizeof(r)) ? -EFAULT : 0;
-}
-
 /*
  * READ_PAGES' and READ_REGIONS' records of one chunk, from *@index on up to @last: per-page
  * records into @out, or region records (then @pages gets the per-page records they add up, for
@@ -518,57 +183,58 @@ static unsigned int range_chunk(struct pagetier_target *t, bool regions, u32 fla
 	return n;
 }
 
-/* READ_PAGES (@regions false) and READ_REGIONS: READ over an address range. */
-static long do_read_range(struct pagetier_read_range __user *arg, bool regions)
+/* A READ, READ_PAGES or READ_REGIONS request, checked; the results go back into it. */
+struct read_req {
+	u32 pid;
+	u32 flags;
+	bool regions;	  /* region records, or per-page ones */
+	void __user *buf; /* buf_len records fit: access_ok() checked */
+	u64 buf_len;
+	unsigned long index, last; /* the first and last page (or region) index to read */
+	u64 nr_records;		   /* out */
+	u64 cursor;		   /* out: where the next call resumes, 0 when done */
+};
+
+/*
+ * Copy records out from the kernel's copy of a chunk, no lock held; READ_RESET takes their counts
+ * off once they are out.
+ */
+static long read_records(struct read_req *q)
 {
-	size_t size = regions ? sizeof(struct pagetier_region) : sizeof(struct pagetier_record);
-	unsigned int shift = regions ? PMD_SHIFT : PAGE_SHIFT, want, n, nr_pages = 0;
-	unsigned int per_chunk = regions ? READ_REGION_CHUNK : READ_CHUNK;
+	size_t size = q->regions ? sizeof(struct pagetier_region) : sizeof(struct pagetier_record);
+	unsigned int per_chunk = q->regions ? READ_REGION_CHUNK : READ_CHUNK, want, n, nr_pages = 0;
 	struct pagetier_record *pages = NULL;
-	unsigned long index, last, egen;
-	struct pagetier_read_range r;
+	unsigned long index = q->index, egen;
 	struct pagetier_target *t;
-	void __user *ubuf;
 	u64 done = 0;
 	long ret = 0;
 	bool more = false;
 	void *chunk;
 
-	if (copy_from_user(&r, arg, sizeof(r)))
-		return -EFAULT;
-	if ((r.flags & ~(PAGETIER_READ_RESET | PAGETIER_READ_ACCESSED_ONLY)) || r.reserved[0] ||
-	    r.reserved[1] || r.cursor > ULONG_MAX || r.start > ULONG_MAX || r.end > ULONG_MAX ||
-	    (r.end && r.start >= r.end))
-		return -EINVAL;
-	ubuf = u64_to_user_ptr(r.buf);
-	if (r.buf_len && !access_ok(ubuf, array_size(r.buf_len, size)))
-		return -EFAULT;
-	last = (r.end ? (unsigned long)r.end - 1 : ULONG_MAX) >> shift;
-	index = max_t(unsigned long, r.cursor, (unsigned long)r.start >> shift);
 	chunk = kmalloc_array(per_chunk, size, GFP_KERNEL);
-	if (regions)
+	if (q->regions)
 		pages = kvmalloc_array(per_chunk * PT_REGION_PAGES, sizeof(*pages), GFP_KERNEL);
-	if (!chunk || (regions && !pages)) {
+	if (!chunk || (q->regions && !pages)) {
 		ret = -ENOMEM;
 		goto out_free;
 	}
-	t = target_get(r.pid);
+	t = pagetier_target_get(q->pid);
 	if (!t) {
 		ret = -ESRCH;
 		goto out_free;
 	}
-	while (done < r.buf_len && index <= last) {
-		want = min_t(u64, per_chunk, r.buf_len - done);
-		n = range_chunk(t, regions, r.flags, &index, last, chunk, want, &more, &egen, pages,
-				&nr_pages);
-		if (n && copy_to_user(ubuf + done * size, chunk, n * size)) {
+	while (done < q->buf_len && index <= q->last) {
+		want = min_t(u64, per_chunk, q->buf_len - done);
+		n = range_chunk(t, q->regions, q->flags, &index, q->last, chunk, want, &more, &egen,
+				pages, &nr_pages);
+		if (n && copy_to_user(q->buf + done * size, chunk, n * size)) {
 			ret = -EFAULT; /* this chunk's counts stay */
 			break;
 		}
-		if (r.flags & PAGETIER_READ_RESET) {
-			if (regions && nr_pages)
+		if (q->flags & PAGETIER_READ_RESET) {
+			if (q->regions && nr_pages)
 				reset_chunk(t, pages, nr_pages, egen);
-			else if (!regions && n)
+			else if (!q->regions && n)
 				reset_chunk(t, chunk, n, egen);
 		}
 		done += n;
@@ -576,16 +242,75 @@ static long do_read_range(struct pagetier_read_range __user *arg, bool regions)
 			break;
 		cond_resched();
 	}
-	target_put(t);
-	if (ret)
-		goto out_free;
-	r.nr_records = done;
-	r.cursor = more && index <= last ? index : 0;
-	ret = copy_to_user(arg, &r, sizeof(r)) ? -EFAULT : 0;
+	pagetier_target_put(t);
+	q->nr_records = done;
+	q->cursor = more && index <= q->last ? index : 0;
 out_free:
 	kvfree(pages);
 	kfree(chunk);
 	return ret;
+}
+
+/* The checks READ and the range reads share; @size is one record's. */
+static long read_req_init(struct read_req *q, u32 pid, u32 flags, const u64 *reserved, u64 buf,
+			  u64 buf_len, u64 cursor, size_t size)
+{
+	if ((flags & ~(PAGETIER_READ_RESET | PAGETIER_READ_ACCESSED_ONLY)) || reserved[0] ||
+	    reserved[1] || cursor > ULONG_MAX)
+		return -EINVAL;
+	*q = (struct read_req){ .pid = pid, .flags = flags, .buf = u64_to_user_ptr(buf),
+				.buf_len = buf_len, .index = cursor, .last = ULONG_MAX };
+	/* array_size() saturates: a length that overflows fails access_ok() */
+	if (buf_len && !access_ok(q->buf, array_size(buf_len, size)))
+		return -EFAULT;
+	return 0;
+}
+
+/* READ: per-page records of the whole address space. */
+static long do_read(struct pagetier_read __user *arg)
+{
+	struct pagetier_read r;
+	struct read_req q;
+	long ret;
+
+	if (copy_from_user(&r, arg, sizeof(r)))
+		return -EFAULT;
+	ret = read_req_init(&q, r.pid, r.flags, r.reserved, r.buf, r.buf_len, r.cursor,
+			    sizeof(struct pagetier_record));
+	if (!ret)
+		ret = read_records(&q);
+	if (ret)
+		return ret;
+	r.nr_records = q.nr_records;
+	r.cursor = q.cursor;
+	return copy_to_user(arg, &r, sizeof(r)) ? -EFAULT : 0;
+}
+
+/* READ_PAGES (@regions false) and READ_REGIONS: READ over an address range. */
+static long do_read_range(struct pagetier_read_range __user *arg, bool regions)
+{
+	size_t size = regions ? sizeof(struct pagetier_region) : sizeof(struct pagetier_record);
+	unsigned int shift = regions ? PMD_SHIFT : PAGE_SHIFT;
+	struct pagetier_read_range r;
+	struct read_req q;
+	long ret;
+
+	if (copy_from_user(&r, arg, sizeof(r)))
+		return -EFAULT;
+	if (r.start > ULONG_MAX || r.end > ULONG_MAX || (r.end && r.start >= r.end))
+		return -EINVAL;
+	ret = read_req_init(&q, r.pid, r.flags, r.reserved, r.buf, r.buf_len, r.cursor, size);
+	if (ret)
+		return ret;
+	q.regions = regions;
+	q.last = (r.end ? (unsigned long)r.end - 1 : ULONG_MAX) >> shift;
+	q.index = max_t(unsigned long, r.cursor, (unsigned long)r.start >> shift);
+	ret = read_records(&q);
+	if (ret)
+		return ret;
+	r.nr_records = q.nr_records;
+	r.cursor = q.cursor;
+	return copy_to_user(arg, &r, sizeof(r)) ? -EFAULT : 0;
 }
 
 static long do_stats(struct pagetier_stats __user *arg)
@@ -599,7 +324,7 @@ static long do_stats(struct pagetier_stats __user *arg)
 	for (i = 0; i < ARRAY_SIZE(s.reserved); i++)
 		if (s.reserved[i])
 			return -EINVAL;
-	t = target_get(s.pid);
+	t = pagetier_target_get(s.pid);
 	if (!t)
 		return -ESRCH;
 	s = (struct pagetier_stats){
@@ -618,7 +343,7 @@ static long do_stats(struct pagetier_stats __user *arg)
 		.regions_tracked = READ_ONCE(t->regions_tracked),
 		.regions_idle = READ_ONCE(t->regions_idle),
 	};
-	target_put(t);
+	pagetier_target_put(t);
 	return copy_to_user(arg, &s, sizeof(s)) ? -EFAULT : 0;
 }
 
@@ -642,7 +367,7 @@ static long do_unmark(struct pagetier_unmark __user *arg)
 		return -EFAULT;
 	}
 	u.done = 0;
-	t = target_get(u.pid);
+	t = pagetier_target_get(u.pid);
 	if (!t) {
 		kvfree(addrs);
 		return -ESRCH;
@@ -667,7 +392,7 @@ static long do_unmark(struct pagetier_unmark __user *arg)
 		}
 		up_read(&t->mm_lock);
 	}
-	target_put(t);
+	pagetier_target_put(t);
 	kvfree(addrs);
 	if (!ret && copy_to_user(arg, &u, sizeof(u)))
 		ret = -EFAULT;
@@ -719,25 +444,8 @@ static int pagetier_open(struct inode *inode, struct file *file)
  */
 static int pagetier_release(struct inode *inode, struct file *file)
 {
-	struct pagetier_target *t, *found;
-
-	for (;;) {
-		found = NULL;
-		mutex_lock(&targets_lock);
-		list_for_each_entry(t, &pagetier_targets, node) {
-			if (t->owner == file) {
-				found = t;
-				break;
-			}
-		}
-		if (found)
-			target_unlink_locked(found);
-		mutex_unlock(&targets_lock);
-		if (!found)
-			return 0;
-		pr_debug("pid %d detached: its descriptor was closed\n", found->pid);
-		detach_target(found);
-	}
+	pagetier_detach_owned(file);
+	return 0;
 }
 
 static const struct file_operations pagetier_fops = {
@@ -765,63 +473,32 @@ static ssize_t version_show(struct kobject *kobj, struct kobj_attribute *attr, c
 
 static ssize_t targets_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
 {
-	struct pagetier_target *t;
-	int len = 0;
-
-	mutex_lock(&targets_lock);
-	list_for_each_entry(t, &pagetier_targets, node)
-		len += sysfs_emit_at(buf, len, "%d %s %llu %llu\n", t->pid, t->ops->name,
-				     READ_ONCE(t->scans), READ_ONCE(t->pages_tracked));
-	mutex_unlock(&targets_lock);
-	return len;
-}
-
-/**
- * pagetier_uint_store() - parse a sysfs write into @knob, if within [@lo, @hi].
- * @buf: what was written.
- * @count: its length.
- * @knob: the value to set.
- * @lo: the smallest value allowed.
- * @hi: the largest value allowed.
- *
- * Return: @count, or -EINVAL (out of range) or kstrtouint()'s error.
- */
-ssize_t pagetier_uint_store(const char *buf, size_t count, unsigned int *knob, unsigned int lo,
-			    unsigned int hi)
-{
-	unsigned int v;
-	int ret = kstrtouint(buf, 0, &v);
-
-	if (ret)
-		return ret;
-	if (v < lo || v > hi)
-		return -EINVAL;
-	WRITE_ONCE(*knob, v);
-	return count;
+	return pagetier_targets_emit(buf);
 }
 
 static ssize_t default_scan_period_ms_show(struct kobject *kobj, struct kobj_attribute *attr,
 					   char *buf)
 {
-	return sysfs_emit(buf, "%u\n", READ_ONCE(default_scan_period_ms));
+	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_default_scan_period_ms));
 }
 
 static ssize_t default_scan_period_ms_store(struct kobject *kobj, struct kobj_attribute *attr,
 					    const char *buf, size_t count)
 {
-	return pagetier_uint_store(buf, count, &default_scan_period_ms, PAGETIER_SCAN_PERIOD_MIN_MS,
+	return pagetier_uint_store(buf, count, &pagetier_default_scan_period_ms,
+				   PAGETIER_SCAN_PERIOD_MIN_MS,
 			  PAGETIER_SCAN_PERIOD_MAX_MS);
 }
 
 static ssize_t max_targets_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
 {
-	return sysfs_emit(buf, "%u\n", READ_ONCE(max_targets));
+	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_max_targets));
 }
 
 static ssize_t max_targets_store(struct kobject *kobj, struct kobj_attribute *attr,
 				 const char *buf, size_t count)
 {
-	return pagetier_uint_store(buf, count, &max_targets, 1, MAX_TARGETS_LIMIT);
+	return pagetier_uint_store(buf, count, &pagetier_max_targets, 1, MAX_TARGETS_LIMIT);
 }
 
 static ssize_t scan_budget_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
@@ -899,9 +576,9 @@ static int __init pagetier_init(void)
 	ret = pagetier_ksyms_init();
 	if (ret)
 		return ret;
-	scan_wq = alloc_workqueue("pagetier", WQ_UNBOUND, 0);
-	if (!scan_wq)
-		return -ENOMEM;
+	ret = pagetier_targets_init();
+	if (ret)
+		return ret;
 	ret = pagetier_fault_init();
 	if (ret)
 		goto err_wq;
@@ -924,30 +601,18 @@ err_kobj:
 err_fault:
 	pagetier_fault_exit();
 err_wq:
-	destroy_workqueue(scan_wq);
+	pagetier_targets_exit();
 	return ret;
 }
 
 static void __exit pagetier_exit(void)
 {
-	struct pagetier_target *t;
-
 	misc_deregister(&pagetier_dev); /* no new ioctls */
 	/* detach everything, restoring every page a mode left inaccessible */
-	for (;;) {
-		mutex_lock(&targets_lock);
-		t = list_first_entry_or_null(&pagetier_targets, struct pagetier_target, node);
-		if (t)
-			target_unlink_locked(t);
-		mutex_unlock(&targets_lock);
-		if (!t)
-			break;
-		detach_target(t);
-	}
+	pagetier_targets_exit();
 	sysfs_remove_group(pagetier_kobj, &pagetier_group);
 	kobject_put(pagetier_kobj);
 	pagetier_fault_exit();
-	destroy_workqueue(scan_wq);
 	pr_info("unloaded\n");
 }
 
