@@ -1,7 +1,9 @@
 """The built-in workload (hotcold.c): a hot part touched constantly, a cold part touched once.
 
 It reports the fraction of its accesses the fast node served, once a second, and checksums its
-memory at the end. ``Workload`` starts it and reads its JSON lines.
+memory at the end. ``Workload`` starts it and reads its JSON lines. Its buffer is private
+anonymous memory, shared memory or a shared file mapping (``--memory anon|shmem|file:PATH``,
+:data:`MEMORY_KINDS`); :func:`check_file` reads a file it filled back and checks every page.
 """
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-from pagetier.errors import Unavailable
+import numpy as np
+
+from pagetier.errors import ConfigError, Unavailable
 
 HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "workloads"  # hotcold.c, churn.c and the Makefile that builds them
@@ -20,6 +24,55 @@ SOURCES = HERE / "workloads"  # hotcold.c, churn.c and the Makefile that builds 
 _CHECKOUT = (HERE.parent / "setup.py").is_file() and (HERE.parent / "kmod").is_dir()
 CHECKOUT_BIN = HERE.parent / "build" / "bin"
 PACKAGE_BIN = SOURCES / "bin"
+
+
+# --memory of hotcold: the kinds of memory its buffer can be (file takes a path: file:PATH)
+MEMORY_KINDS = ("anon", "shmem", "file")
+PAGE = 4096
+WORDS = PAGE // 8
+
+
+def memory_arg(kind: str) -> str:
+    """``kind`` checked as hotcold's --memory value (anon, shmem or file:PATH); ConfigError
+    naming the choices otherwise."""
+    name, _, path = kind.partition(":")
+    if name not in MEMORY_KINDS or (name == "file") != bool(path):
+        raise ConfigError(f"memory kind must be anon, shmem or file:PATH, got {kind!r}")
+    return kind
+
+
+def pattern(first: int, n: int) -> np.ndarray:
+    """What hotcold writes in pages ``[first, first + n)``: a (n, 512) uint64 array whose
+    word k of page i is hotcold.c's pattern(i, k) (word 0, the page's access counter, too:
+    callers leave it out)."""
+    i = np.arange(first, first + n, dtype=np.uint64)[:, None]
+    k = np.arange(WORDS, dtype=np.uint64)[None, :]
+    x = (i << np.uint64(20)) ^ k ^ np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    return x
+
+
+def check_file(path, size: int, chunk_pages: int = 4096) -> tuple[int, list[int]]:
+    """Read ``path`` (a file hotcold --memory file:PATH filled, ``size`` bytes) back and check
+    every page's pattern: (pages checked, the indices of the corrupt pages)."""
+    npages = size // PAGE
+    bad: list[int] = []
+    with open(path, "rb") as f:
+        for first in range(0, npages, chunk_pages):
+            n = min(chunk_pages, npages - first)
+            data = f.read(n * PAGE)
+            got = np.frombuffer(data, np.uint64)
+            if len(got) < n * WORDS:  # the file ends early: the rest is corrupt
+                bad += range(first + len(got) // WORDS, npages)
+                got = got[:len(got) // WORDS * WORDS]
+                n = len(got) // WORDS
+            ok = (got.reshape(n, WORDS)[:, 1:] == pattern(first, n)[:, 1:]).all(axis=1)
+            bad += (first + np.flatnonzero(~ok)).tolist()
+            if len(data) < chunk_pages * PAGE and first + n < npages:
+                break
+    return npages, sorted(bad)
 
 
 def bin_dir() -> Path:

@@ -16,6 +16,17 @@
  * Usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N] [--fast-node N]
  *                [--duration S] [--phase S] [--phase-on-signal] [--no-thp] [--noise-ppm N]
  *                [--cold-rate HZ] [--tick-ms MS] [--quiet] [--wait] [--no-verify]
+ *                [--memory anon|shmem|file:PATH] [--reuse]
+ *
+ * --memory: the kind of memory of the buffer. anon (the default): private anonymous memory.
+ * shmem: MAP_SHARED|MAP_ANONYMOUS (shared memory, as a fork would share it). file:PATH: a
+ * MAP_SHARED mapping of the file PATH, created (truncated) and filled: page cache, written back
+ * by the kernel as the hot part keeps dirtying its pages (each access increments a word); it
+ * is synced (msync) before the process exits, so that PATH holds the pattern. A file in a tmpfs
+ * (/dev/shm) is shmem. --reuse (with file:PATH): map PATH as it is, of the same --size, without
+ * truncating or filling it (another hotcold filled it): two processes share its pages. The
+ * check at the end reads the pattern either way. With --start-node, a shmem or file buffer is
+ * first touched under the task's policy (set_mempolicy), as page cache is allocated.
  *
  * Sparse accesses to cold memory, as real programs make them (allocator metadata, garbage
  * collection, a lookup now and then): --noise-ppm N sends N of every million accesses to a
@@ -44,6 +55,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
 #include <signal.h>
@@ -52,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -82,7 +95,8 @@ static void usage(void)
 	fprintf(stderr, "usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N]\n"
 			"               [--fast-node N] [--duration S] [--phase S] [--phase-on-signal]\n"
 			"               [--no-thp] [--noise-ppm N] [--cold-rate HZ] [--tick-ms MS]\n"
-			"               [--quiet] [--wait] [--no-verify]\n");
+			"               [--quiet] [--wait] [--no-verify]\n"
+			"               [--memory anon|shmem|file:PATH] [--reuse]\n");
 	exit(2);
 }
 
@@ -145,8 +159,9 @@ int main(int argc, char **argv)
 {
 	long size_mb = 256, hot_mb = 32, hot_off_mb = 0, start_node = -1, fast_node = 0;
 	long duration = 30, phase = 0, thp = 1, quiet = 0, wait = 0, noise_ppm = 0, cold_rate = 0;
-	long tick_ms = 1000, phase_on_signal = 0, verify = 1;
-	int i;
+	long tick_ms = 1000, phase_on_signal = 0, verify = 1, reuse = 0;
+	const char *memory = "anon", *path = NULL;
+	int i, fd = -1;
 	for (i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--size")) size_mb = arg_long(a, v, 1, 1 << 20), i++;
@@ -164,7 +179,19 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--wait")) wait = 1;
 		else if (!strcmp(a, "--phase-on-signal")) phase_on_signal = 1;
 		else if (!strcmp(a, "--no-verify")) verify = 0;
+		else if (!strcmp(a, "--reuse")) reuse = 1;
+		else if (!strcmp(a, "--memory") && v) memory = v, i++;
 		else usage();
+	}
+	if (!strncmp(memory, "file:", 5) && memory[5])
+		path = memory + 5;
+	else if (strcmp(memory, "anon") && strcmp(memory, "shmem")) {
+		fprintf(stderr, "hotcold: --memory must be anon, shmem or file:PATH, got '%s'\n", memory);
+		return 2;
+	}
+	if (reuse && !path) {
+		fprintf(stderr, "hotcold: --reuse needs --memory file:PATH\n");
+		return 2;
 	}
 	if (hot_mb + hot_off_mb > size_mb) {
 		fprintf(stderr, "hotcold: --hot + --hot-offset (%ld MiB) exceeds --size (%ld MiB)\n",
@@ -178,23 +205,57 @@ int main(int argc, char **argv)
 	size_t npages = (size_t)size_mb * 256, hot_pages = (size_t)hot_mb * 256;
 	size_t hot_first = (size_t)hot_off_mb * 256;
 	size_t len = npages * PAGE;
-	/* 2 MiB aligned so THP can back it */
-	char *raw = mmap(NULL, len + (2UL << 20), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (path) {
+		fd = open(path, O_RDWR | (reuse ? 0 : O_CREAT | O_TRUNC), 0644);
+		if (fd < 0) { fprintf(stderr, "hotcold: %s: %s\n", path, strerror(errno)); return 1; }
+		if (!reuse && ftruncate(fd, len)) { perror("hotcold: ftruncate"); return 1; }
+		struct stat stb;
+		if (reuse && (fstat(fd, &stb) || (size_t)stb.st_size < len)) {
+			fprintf(stderr, "hotcold: %s: smaller than --size\n", path);
+			return 2;
+		}
+	}
+	/* 2 MiB aligned so THP can back it; shmem and file buffers are mapped over a reservation */
+	int anon = !strcmp(memory, "anon");
+	char *raw = mmap(NULL, len + (2UL << 20), anon ? PROT_READ | PROT_WRITE : PROT_NONE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (raw == MAP_FAILED) { perror("hotcold: mmap"); return 1; }
 	char *buf = (char *)(((uintptr_t)raw + (2UL << 20) - 1) & ~((2UL << 20) - 1));
+	if (!anon && mmap(buf, len, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED |
+			  (path ? 0 : MAP_ANONYMOUS), fd, 0) == MAP_FAILED) {
+		perror("hotcold: mmap");
+		return 1;
+	}
 	madvise(buf, len, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-	if (start_node >= 0) {
-		/* first touch on start_node, then default policy so others may move the pages */
-		unsigned long mask = 1UL << start_node;
-		if (mbind(buf, len, MPOL_BIND, &mask, sizeof(mask) * 8, 0)) { perror("hotcold: mbind"); return 1; }
+	unsigned long mask = start_node >= 0 ? 1UL << start_node : 0;
+	/* first touch on start_node, then default policy so others may move the pages; page
+	 * cache (and shmem) is allocated under the task's policy, anonymous memory the VMA's */
+	if (start_node >= 0 && !anon && set_mempolicy(MPOL_BIND, &mask, sizeof(mask) * 8)) {
+		perror("hotcold: set_mempolicy");
+		return 1;
+	}
+	if (start_node >= 0 && anon && mbind(buf, len, MPOL_BIND, &mask, sizeof(mask) * 8, 0)) {
+		perror("hotcold: mbind");
+		return 1;
 	}
 	for (size_t p = 0; p < npages; p++) {
 		uint64_t *w = (uint64_t *)(buf + p * PAGE);
+		if (reuse) {  /* another process filled it: bring the page in */
+			(void)*(volatile uint64_t *)w;
+			continue;
+		}
 		w[0] = 0;
 		for (size_t k = 1; verify && k < WORDS; k++)
 			w[k] = pattern(p, k);
 	}
-	if (start_node >= 0 && mbind(buf, len, MPOL_DEFAULT, NULL, 0, 0)) { perror("hotcold: mbind"); return 1; }
+	if (start_node >= 0 && !anon && set_mempolicy(MPOL_DEFAULT, NULL, 0)) {
+		perror("hotcold: set_mempolicy");
+		return 1;
+	}
+	if (start_node >= 0 && anon && mbind(buf, len, MPOL_DEFAULT, NULL, 0, 0)) {
+		perror("hotcold: mbind");
+		return 1;
+	}
 
 	signal(SIGTERM, on_signal);
 	signal(SIGINT, on_signal);
@@ -209,8 +270,9 @@ int main(int argc, char **argv)
 	memset(pages, 0xff, hot_pages * sizeof(void *));
 	counters(buf, hot_first, hot_pages, seen);
 	printf("{\"event\":\"ready\",\"pid\":%d,\"addr\":%lu,\"size\":%zu,\"hot_addr\":%lu,\"hot_size\":%zu,"
-	       "\"page_size\":%lu}\n", getpid(), (unsigned long)buf, len,
-	       (unsigned long)(buf + hot_first * PAGE), hot_pages * PAGE, PAGE);
+	       "\"page_size\":%lu,\"memory\":\"%s\"}\n", getpid(), (unsigned long)buf, len,
+	       (unsigned long)(buf + hot_first * PAGE), hot_pages * PAGE, PAGE,
+	       path ? "file" : memory);
 	fflush(stdout);
 	if (wait) {
 		int sig = 0;
@@ -295,6 +357,8 @@ int main(int argc, char **argv)
 		for (size_t k = 1; k < WORDS; k++)
 			if (w[k] != pattern(p, k)) { bad++; break; }
 	}
+	/* the file holds what the mapping holds once this returns */
+	if (path && msync(buf, len, MS_SYNC)) { perror("hotcold: msync"); return 1; }
 	printf("{\"event\":\"done\",\"seconds\":%.2f,\"accesses\":%lu,\"mean_fast_fraction\":%.4f,"
 	       "\"mean_access_fast_fraction\":%.4f,\"pages_checked\":%zu,\"pages_corrupt\":%zu}\n",
 	       now() - t0, (unsigned long)accesses, ticks ? frac_sum / ticks : 0.0,
