@@ -91,12 +91,15 @@ from pagetier import policies, uapi
 from pagetier.core import mover as mover_mod
 from pagetier.core import planner
 from pagetier.core.state import PageState
+from pagetier.core.step import STUCK_RETRY, Limits, Outcome, Read, Step  # noqa: F401
 from pagetier.core.units import PAGE_SIZE
 from pagetier.daemon import config as config_mod
 from pagetier.daemon import control
 from pagetier.daemon import report
 from pagetier.daemon.clock import Clock
-from pagetier.daemon.executor import THROUGHPUT_MIN_PAGES, Executor, new_tally
+from pagetier.daemon.executor import THROUGHPUT_MIN_PAGES, Executor
+from pagetier.daemon.fastnode import ROOM_MARGIN, FastNode  # noqa: F401
+from pagetier.daemon.moves import MOVE_TIME_SHARE, DaemonMover  # noqa: F401
 from pagetier.daemon.numab import NumaBalancing
 from pagetier.daemon.targets import Targets
 from pagetier.errors import ConfigError, PagetierError
@@ -106,19 +109,11 @@ from pagetier.protocol import run_dir
 log = logging.getLogger("pagetier.daemon")
 
 MIB = 1 << 20
-STUCK_RETRY = 32  # intervals before units whose move failed for good (EACCES...) are tried again
-ROOM_MARGIN = 1 * MIB  # promotions leave this much above the fast node's high watermark
-# an interval's moves are capped at what the measured throughput moves in this many intervals.
-# At 1.25 the cap cut half the phase-change exchanges of bench live fuller and phases (a region
-# in and the last one out, 130-160 MB, at the 57-190 MB/s measured under emulation), and the
-# rest came a read later
+# an interval's moves are capped at what the measured migration throughput moves in this many
+# intervals: a phase change's exchange (demote a region, promote the next) goes in one batch,
+# with room to find out that the throughput has grown; MOVE_TIME_SHARE (daemon/moves.py) stops
+# the moves when the throughput fell
 THROUGHPUT_HEADROOM = 1.6
-# an interval's moves start no move_pages call after this many intervals from their start. The
-# throughput cap plans THROUGHPUT_HEADROOM intervals of moves; the deadline catches what it
-# misses (no measurement yet, or a throughput fallen by a fifth or more). At one interval it
-# cut phase-change exchanges that would have ended in 1.2-1.8 s, and the rest waited for the
-# next interval (bench live fuller: 3 intervals to bring a region in, not 2)
-MOVE_TIME_SHARE = 2.0
 # the stats counters summed over the run (the status file's "totals")
 TOTALS = ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_pongs",
           "forced_demotions", "clipped", "deferred")
@@ -139,12 +134,8 @@ PARTIAL_READ = 0.5
 EARLY_RUN = 2
 # pagetier.ko scan periods per interval when the configuration names no scan_period_ms. The
 # daemon reads at period ends and looks at the counts at the ones between (read_now), so a
-# program's move to new memory is seen a period after it, not an interval. bench live (6.12
-# HMAT VM, kernel tiering beside, 3 runs each, 2026-11-27), 4 periods an interval (250 ms)
-# against 2 (500 ms) and 1 (1000 ms, the module's own default, which a plain `pagetier run` got
-# before): fuller t95 3.0 s against 4.0 and 4.0; phases 11 of 18 phases reached 95%, against 8
-# and 7, and 89% of the hot set held against 77% and 74%. The module's scan time went from
-# 0.2 s to 0.3 s of 45 s.
+# program's move to new memory is seen a period after it, not an interval; shorter periods
+# cost the module more scans (docs/placement-log.md has the measurements)
 SCANS_PER_INTERVAL = 4
 PERIOD_POLL_S = 0.02  # how often the wait for the profiler's period end looks (an ioctl a target)
 
@@ -200,7 +191,6 @@ class Daemon:
         self.cfg = cfg
         self.clock = clock if clock is not None else Clock()
         self.profiler = profiler if profiler is not None else create_profiler(cfg)
-        self.policy = policy if policy is not None else create_policy(cfg)
         if numab is None or numab is True:
             numab = NumaBalancing(dry_run=cfg.dry_run)
         self.numab = numab or None
@@ -209,6 +199,12 @@ class Daemon:
         self.executor = Executor(self.state, self.profiler,
                                  mover if mover is not None else mover_mod,
                                  lambda pid: self.tracker.alive(pid), clock=self.clock)
+        self.fastnode = FastNode(lambda: self.cfg, self.state)
+        self.stepper = Step(self.state, policy if policy is not None else create_policy(cfg),
+                            DaemonMover(lambda: self.cfg, self.executor, self.fastnode,
+                                        self.tracker.drop),
+                            self.clock, policies.Context, fast=cfg.fast_node, slow=cfg.slow_node,
+                            interval_s=cfg.interval)
         status = cfg.status_file or run_dir() / f"daemon-{os.getpid()}.json"
         self.report = report.Reporter(out if out is not None else sys.stdout, status)
         self.stop_reason: str | None = None
@@ -217,7 +213,7 @@ class Daemon:
         self.history: list[dict] = []  # kept short: the last few stats
         self.totals = {k: 0 for k in TOTALS}
         self.started = self.clock.time()
-        self._t0 = self.clock.monotonic()
+        self._t0 = self.stepper.t0
         self.last: dict | None = None
         self.control = None
         self._boundary = False  # the policy asked for a decision now
@@ -226,13 +222,15 @@ class Daemon:
         self._accessed = 0  # units with an access rate in the last full read (see step)
         self._early_run = 0  # early reads in a row up to the last one
         self._looked = False  # this read comes early: a look between reads asked for it
-        # the fast node's per-CPU free pages before the daemon's demotions (None: not read yet),
-        # the demoted pages that may still wait on those lists, and the pages demoted since the
-        # last room read (fast_room_pages)
-        self._pcp_base: int | None = None
-        self._pcp_ours = 0
-        self._room_detail: list[dict] = []  # this step's readings of the fast node's room
-        self._demoted_unread = 0
+        self._by_throughput = False  # the measured throughput, not --rate, caps this step
+
+    @property
+    def policy(self):
+        return self.stepper.policy
+
+    @policy.setter
+    def policy(self, policy) -> None:
+        self.stepper.policy = policy
 
     @property
     def targets(self) -> set[int]:
@@ -257,53 +255,6 @@ class Daemon:
             self.stop_reason = reason
 
     # ------------------------------------------------------------------ budget and rate
-    def budget_pages(self) -> int:
-        cfg = self.cfg
-        if cfg.fast_budget is not None:
-            return cfg.fast_budget // PAGE_SIZE
-        try:
-            info = config_mod.node_meminfo(cfg.fast_node, cfg.node_root)
-        except (OSError, ValueError):
-            return 1 << 62
-        if cfg.fast_free_watermark is not None:
-            spare = max(0, info.get("MemFree", 0) - cfg.fast_free_watermark) // PAGE_SIZE
-            return self.state.movable_on(cfg.fast_node) + spare
-        total = info.get("MemTotal")
-        return total // PAGE_SIZE if total else 1 << 62
-
-    def fast_room_pages(self) -> int | None:
-        """Pages the fast node can take before its free memory reaches its high watermark (plus
-        ROOM_MARGIN); None when unknown. Below the watermark, move_pages reclaims and retries for
-        every page before it answers ENOMEM: minutes under memory pressure, so the daemon does
-        not promote into a node that has no room.
-
-        Pages demoted from the fast node (``_demoted_unread``, since the last call): the kernel
-        frees a migrated page to the freeing CPU's per-CPU list, which MemFree leaves out until it
-        drains (6.12 guest, the fast node near its watermark: every demotion of 4 huge pages
-        left MemFree unchanged and raised the lists' count by 2,048); the daemon's next
-        allocations on that CPU take from that list first. So the lists' growth since before
-        the daemon's demotions counts as room, up to the pages demoted, and shrinks as the
-        lists drain or are taken from: an exchange's promotions find the room its demotions
-        made, in the same interval or a later one."""
-        fast = self.cfg.fast_node
-        try:
-            free = config_mod.node_meminfo(fast, self.cfg.node_root)["MemFree"]
-            text = self.cfg.zoneinfo.read_text()
-            high = config_mod.zone_watermark(fast, "high", text, PAGE_SIZE)
-            pcp = config_mod.zone_pcp_pages(fast, text)
-        except (OSError, KeyError, ValueError):
-            return None
-        demoted, self._demoted_unread = self._demoted_unread, 0
-        if self._pcp_base is not None:
-            self._pcp_ours = min(self._pcp_ours + demoted, max(0, pcp - self._pcp_base))
-        if not self._pcp_ours:
-            self._pcp_base = pcp  # none of the daemon's pages there: the base follows the lists
-        room = (free - high - ROOM_MARGIN) // PAGE_SIZE + self._pcp_ours
-        # what the room was made of, in 4 KiB pages (stats: "fast_room")
-        self._room_detail.append({"free": free // PAGE_SIZE, "high": high // PAGE_SIZE,
-                                  "pcp": pcp, "pcp_ours": self._pcp_ours, "room": room})
-        return room
-
     def rate_pages(self) -> int:
         return planner.rate_pages(self.cfg.rate, self.cfg.interval)
 
@@ -333,6 +284,18 @@ class Daemon:
 
     def read_target(self, pid: int) -> float:
         """Read ``pid``'s counts into the state and show them to the policy; the merge time."""
+        return self.stepper.merge(self._reads([pid]))
+
+    def _reads(self, pids):
+        """The step's reads of ``pids``, one at a time (each taken after the one before it is
+        merged): the counts, and one part of the complete read (see FULL_READ_EVERY). A target
+        that exited is dropped; one the profiler fails to read is attached again."""
+        for pid in pids:
+            r = self._read(pid)
+            if r is not None:
+                yield r
+
+    def _read(self, pid: int) -> Read | None:
         first = pid not in self.tracker.last_read
         full = first or self.state.interval % FULL_READ_EVERY == 0
         part = None
@@ -347,25 +310,20 @@ class Daemon:
         except (PagetierError, OSError) as e:
             if not self.tracker.alive(pid):
                 self.tracker.drop(pid)
-                return 0.0
+                return None
             # e.g. detached behind our back, or exiting (not yet a zombie: the profiler says
             # ESRCH): start over with this target; an exiting one cannot be attached again
             log.warning("pid %d: profiler read failed (%s): attaching again", pid, e)
             self.tracker.drop(pid, "could not be read")
             self.tracker.attach(pid, strict=False)
-            return 0.0
+            return None
         t_read = self.clock.monotonic()
         last_read = self.tracker.last_read
         elapsed = t_read - last_read.get(pid, t_read - self.cfg.interval)
         last_read[pid] = t_read
-        t_merge = time.process_time()
-        if part is not None:
-            self.state.sync(part, trust_moves=self.trust_moves())
-        self.state.update(sample, trust_moves=self.trust_moves(), interval_s=self.cfg.interval,
-                          elapsed_s=max(elapsed, 1e-3), max_count=self._max_count(elapsed))
-        merge_s = time.process_time() - t_merge
-        self.policy.observe(pid, sample)
-        return merge_s
+        return Read(pid=pid, sample=sample, elapsed_s=max(elapsed, 1e-3),
+                    interval_s=self.cfg.interval, max_count=self._max_count(elapsed), part=part,
+                    trust_moves=self.trust_moves())
 
     def _read_again(self, st, early: bool) -> bool:
         """Whether the next read should come at the profiler's next period end: this read was
@@ -381,171 +339,102 @@ class Daemon:
         return n == 0 or partial
 
     def step(self, boundary: bool = False) -> dict:
-        """One interval; ``boundary``: a decision the policy asked for between intervals (no
-        profiler read, the same interval number, what is left of the interval's rate limit)."""
+        """One interval (the Step, pagetier/core/step.py); ``boundary``: a decision the policy
+        asked for between intervals (no profiler read, the same interval number, what is left
+        of the interval's rate limit)."""
         cpu0, wall0 = time.process_time(), time.monotonic()
-        cfg, st = self.cfg, self.state
+        cfg, step = self.cfg, self.stepper
+        step.fast, step.slow, step.interval_s = cfg.fast_node, cfg.slow_node, cfg.interval
         merge_s = 0.0
         early = not boundary and self._reread
         looked, self._looked = self._looked and not boundary, False
         if not boundary:
-            st.begin_interval()
-            if st.interval % STUCK_RETRY == 0:
-                st.unstick()
+            step.begin()
             if not early:  # a read early after an idle or partial one shares its rate
                 self._interval_moved = 0
-            for pid in sorted(self.targets):
-                merge_s += self.read_target(pid)
+            merge_s = step.merge(self._reads(sorted(self.targets)))
             self._early_run = self._early_run + 1 if early else 0
-            self._reread = self._read_again(st, early)
-        self.executor.fill_nodes()
+            self._reread = self._read_again(self.state, early)
         scan_s = self._profiler_scan_s()
-
-        rate = self.rate_pages()
-        measured = None if cfg.dry_run else self.throughput_pages()
-        by_throughput = measured is not None and measured < rate
-        budget = self.budget_pages()
-        limit = max(0, (measured if by_throughput else rate) - self._interval_moved)
-        # the budget is for pages the daemon can move; a policy counts every unit on the fast
-        # node, so it sees the budget plus the fast pages the kernel refused to move
-        unmovable = st.unmovable_on(cfg.fast_node)
-        # what the fast node can hold for the targets: their units on it plus its room above
-        # the high watermark (never less than they hold: the daemon does not demote to make
-        # room for other tenants). Below the budget, the node is the limit: the policy exchanges
-        self._room_detail = []
-        room0 = self.fast_room_pages()
-        capacity = None if room0 is None else st.pages_on(cfg.fast_node) + max(0, room0)
-        ctx = policies.Context(fast_node=cfg.fast_node, slow_node=cfg.slow_node,
-                      fast_budget=budget + unmovable if budget < 1 << 61 else budget,
-                      fast_capacity=capacity,
-                      max_moves=limit, interval=st.interval, now=self.clock.monotonic() - self._t0,
-                      interval_s=cfg.interval)
-        t_dec = time.process_time()
-        dec = self.policy.decide(st, ctx)
-        decide_s = time.process_time() - t_dec
-        if not boundary and dec.read_soon and self._early_run < EARLY_RUN:
+        out = step.act(self._limits)
+        if not boundary and out.decision.read_soon and self._early_run < EARLY_RUN:
             self._reread = True  # the policy cannot judge this read yet: read again soon
-
-        acc = new_tally()
-        forget: list[np.ndarray] = []
-        gone_pids: set[int] = set()
-        moves = planner.plan(st, dec, budget, room0, limit, fast=cfg.fast_node, slow=cfg.slow_node)
-        forced = moves.forced
-        waiting = 0  # planned promotions deferred whole: not clipped
-        move_s = 0.0
-        promote, limit_hit = moves.promote, moves.limit  # which limit the planner's clipping hit
-        if cfg.dry_run:
-            demoted_pages = int(st.npages[moves.demotions].sum(dtype=np.int64))
-            promoted_pages = int(st.npages[promote].sum(dtype=np.int64))
-        else:
-            window = cfg.ping_pong_window
-            # the moves start no chunk after MOVE_TIME_SHARE intervals: the rest waits for the
-            # next decision (daemon/executor.py)
-            t_moves = self.clock.monotonic()
-            deadline = t_moves + cfg.interval * MOVE_TIME_SHARE
-            ok = self.executor.move(moves.demotions, cfg.slow_node, acc, forget, gone_pids, window,
-                                    deadline)
-            demoted_pages = acc["moved_pages"]
-            acc["moved_pages"] = 0
-            self._demoted_unread += demoted_pages
-            if not ok:  # ENOMEM: no promotions after it
-                promote, limit_hit = promote[:0], None
-            elif acc["deferred"]:  # out of time: the promotions wait for the rest of the room
-                acc["deferred"] += int(st.npages[promote].sum(dtype=np.int64))
-                waiting = len(promote)
-                promote, limit_hit = promote[:0], limit_hit or "throughput"
-            else:
-                # the kernel may have refused some demotions: plan the promotions again on the
-                # state they left, with the room read again (exchange: they made room for these)
-                room = self.fast_room_pages() if len(promote) or limit_hit == "node" else None
-                if room is not None and demoted_pages:
-                    # an exchange's promotions (after demotions in this step) may use the
-                    # margin, down to the high watermark itself, by no more than was demoted:
-                    # ROOM_MARGIN is kept for promotions into free room alone. A node a few
-                    # pages short (other tenants, pages the kernel refused to demote) otherwise
-                    # clipped a 2 MiB unit off most exchanges, and it came in over the next
-                    # reads (bench live fuller)
-                    room += min(demoted_pages, ROOM_MARGIN // PAGE_SIZE)
-                promote, limit_hit = planner.plan_promotions(
-                    st, dec.promote, budget, room, limit - demoted_pages, fast=cfg.fast_node)
-                if limit_hit == "node" and room <= 0:
-                    self.executor.node_full(cfg.fast_node, True, "free memory at its high watermark")
-                self.executor.move(promote, cfg.fast_node, acc, forget, gone_pids, window,
-                                   deadline)
-                if acc["deferred"]:  # a limit the plan hit comes first (e.g. the node's room)
-                    limit_hit = limit_hit or "throughput"
-            promoted_pages = acc["moved_pages"]
-            move_s = self.clock.monotonic() - t_moves
-        clipped = moves.asked - len(moves.demote) - len(promote) - waiting
-        if forget:
-            st.forget(np.concatenate(forget))
-        for pid in gone_pids:
-            self.tracker.drop(pid)
         if not cfg.dry_run:
-            self._interval_moved += demoted_pages + promoted_pages
-
-        resident = {(str(n) if n >= 0 else "unknown"): p * PAGE_SIZE
-                    for n, p in st.resident().items()}
-        fast_used_b = st.movable_on(cfg.fast_node) * PAGE_SIZE
-        bound = limit_hit or dec.stats.get("limit")
-        if bound == "rate" and by_throughput:
-            bound = "throughput"  # the measured throughput, not --rate, set the interval's cap
-        stats = {
-            "interval": st.interval,
-            "boundary": boundary,
-            # read at the end of the profiler's first period after an idle or partial read,
-            # not a whole interval later
-            "early": early,
-            # ...because a look at the profiler's counts at a period end between reads found
-            # what the policy wanted read at once (Policy.read_now)
-            "looked": looked,
-            "t": round(self.clock.monotonic() - self._t0, 3),
-            "targets": len(self.targets),
-            "units": len(st),
-            "promoted": promoted_pages,  # 4 KiB pages (planned ones in a dry run)
-            "demoted": demoted_pages,
-            "forced_demotions": int(len(forced)),
-            "failed": acc["failed"],
-            "busy": acc["busy"],
-            "nomem": acc["nomem"],
-            "gone": acc["gone"],
-            "clipped": int(max(0, clipped)),
-            # pages planned but not tried: the moves ran out of the interval's time
-            "deferred": acc["deferred"],
-            "bytes_moved": acc["bytes_moved"],
-            "ping_pongs": acc["ping_pongs"],
-            "resident": resident,
-            "fast_used": fast_used_b,  # what counts against the budget
-            "fast_unmovable": st.unmovable_on(cfg.fast_node) * PAGE_SIZE,  # outside the budget
-            "budget": int(min(budget, 1 << 50)) * PAGE_SIZE,
-            # the fast memory the node can hold for the targets (None: unknown)
-            "fast_capacity": None if capacity is None else int(capacity) * PAGE_SIZE,
-            # each reading of the fast node's room in this step (before the decision, and again
-            # after the demotions when there are promotions), in 4 KiB pages: MemFree, the high
-            # watermark, the per-CPU lists' pages and the daemon's demoted pages counted there
-            "fast_room": self._room_detail,
-            # the limit that kept wanted units off the fast node: "budget", "node" (the fast
-            # node's free memory), "rate", or None
-            "limit": bound,
-            "rate_pages": int(min(limit, 1 << 50)),
-            # the migration throughput measured so far (MB/s; None: nothing moved yet)
-            "throughput_mb_s": (None if self.executor.throughput is None
-                                else round(self.executor.throughput * PAGE_SIZE / MIB, 1)),
-            "dry_run": cfg.dry_run,
-            "errors": acc["errors"],
-            "policy": dict(dec.stats),
-            "merge_s": round(merge_s, 6),  # PageState bookkeeping of the samples
-            "decide_s": round(decide_s, 6),
-            "move_s": round(move_s, 6),  # wall time of the moves (move_pages and bookkeeping)
-            "cpu_s": round(time.process_time() - cpu0, 6),
-            "profiler_scan_s": scan_s,  # kernel-side scan time so far (kmod), summed over targets
-            "wall_s": round(time.monotonic() - wall0, 6),
-        }
+            self._interval_moved += out.moved.demoted + out.moved.promoted
+        stats = {"interval": self.state.interval, "boundary": boundary,
+                 # read at the end of the profiler's first period after an idle or partial
+                 # read, not a whole interval later
+                 "early": early,
+                 # ...because a look at the profiler's counts at a period end between reads
+                 # found what the policy wanted read at once (Policy.read_now)
+                 "looked": looked,
+                 "t": round(self.clock.monotonic() - self._t0, 3),
+                 "targets": len(self.targets), "units": len(self.state)}
+        stats.update(self._step_stats(out))
+        stats.update(merge_s=round(merge_s, 6),  # PageState bookkeeping of the samples
+                     decide_s=round(out.decide_s, 6),
+                     move_s=round(out.moved.tally["move_s"], 6),  # wall time of the moves
+                     cpu_s=round(time.process_time() - cpu0, 6),
+                     profiler_scan_s=scan_s,  # kernel-side scan time so far (kmod)
+                     wall_s=round(time.monotonic() - wall0, 6))
         for k in TOTALS:
             self.totals[k] += stats[k]
         self.last = stats
         self.history = (self.history + [stats])[-16:]
         return stats
+
+    def _limits(self) -> Limits:
+        """This step's budget, rate (the smaller of --rate and what the measured throughput
+        moves, less what was moved since the last regular step) and the fast node's room."""
+        rate = self.rate_pages()
+        measured = None if self.cfg.dry_run else self.throughput_pages()
+        self._by_throughput = measured is not None and measured < rate
+        budget = self.fastnode.budget_pages()
+        limit = max(0, (measured if self._by_throughput else rate) - self._interval_moved)
+        self.fastnode.begin_step()
+        return Limits(budget=budget, rate=limit, room=self.fastnode.room_pages())
+
+    def _step_stats(self, out: Outcome) -> dict:
+        """The stats of a step's moves and of the fast node after them."""
+        st, fast, moved, lim = self.state, self.cfg.fast_node, out.moved, out.limits
+        acc = moved.tally
+        resident = {(str(n) if n >= 0 else "unknown"): p * PAGE_SIZE
+                    for n, p in st.resident().items()}
+        bound = moved.limit or out.decision.stats.get("limit")
+        if bound == "rate" and self._by_throughput:
+            bound = "throughput"  # the measured throughput, not --rate, set the interval's cap
+        tp = self.executor.throughput
+        return {
+            "promoted": moved.promoted,  # 4 KiB pages (planned ones in a dry run)
+            "demoted": moved.demoted,
+            "forced_demotions": int(len(out.moves.forced)),
+            "failed": acc["failed"], "busy": acc["busy"], "nomem": acc["nomem"],
+            "gone": acc["gone"],
+            "clipped": out.clipped,
+            # pages planned but not tried: the moves ran out of the interval's time
+            "deferred": acc["deferred"],
+            "bytes_moved": acc["bytes_moved"],
+            "ping_pongs": acc["ping_pongs"],
+            "resident": resident,
+            "fast_used": st.movable_on(fast) * PAGE_SIZE,  # what counts against the budget
+            "fast_unmovable": st.unmovable_on(fast) * PAGE_SIZE,  # outside the budget
+            "budget": int(min(lim.budget, 1 << 50)) * PAGE_SIZE,
+            # the fast memory the node can hold for the targets (None: unknown)
+            "fast_capacity": None if out.capacity is None else int(out.capacity) * PAGE_SIZE,
+            # each reading of the fast node's room in this step (before the decision, and again
+            # after the demotions when there are promotions), in 4 KiB pages: MemFree, the high
+            # watermark, the per-CPU lists' pages and the daemon's demoted pages counted there
+            "fast_room": self.fastnode.detail,
+            # the limit that kept wanted units off the fast node: "budget", "node" (the fast
+            # node's free memory), "rate", "throughput", or None
+            "limit": bound,
+            "rate_pages": int(min(lim.rate, 1 << 50)),
+            # the migration throughput measured so far (MB/s; None: nothing moved yet)
+            "throughput_mb_s": None if tp is None else round(tp * PAGE_SIZE / MIB, 1),
+            "dry_run": self.cfg.dry_run,
+            "errors": acc["errors"],
+            "policy": dict(out.decision.stats),
+        }
 
     def _profiler_scan_s(self) -> float:
         """Seconds the profiler has spent scanning the current targets in the kernel (kmod's

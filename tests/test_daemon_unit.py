@@ -1191,19 +1191,19 @@ def test_room_counts_demoted_pages_on_the_per_cpu_lists(tmp_path):
 
     margin = 256 + 256  # the high watermark and ROOM_MARGIN, in pages
     node(10_000, 300)
-    assert d.fast_room_pages() == 10_000 - margin  # another CPU's 300 cached pages: not room
-    d._demoted_unread = 2048
+    assert d.fastnode.room_pages() == 10_000 - margin  # another CPU's 300 cached pages: not room
+    d.fastnode.demoted(2048)
     node(10_000, 300 + 2048)  # the demoted pages went to the list
-    assert d.fast_room_pages() == 10_000 - margin + 2048
-    assert d.fast_room_pages() == 10_000 - margin + 2048  # a later interval: still there
+    assert d.fastnode.room_pages() == 10_000 - margin + 2048
+    assert d.fastnode.room_pages() == 10_000 - margin + 2048  # a later interval: still there
     node(11_000, 300 + 1048)  # half drained back to the buddy allocator
-    assert d.fast_room_pages() == 11_000 - margin + 1048
+    assert d.fastnode.room_pages() == 11_000 - margin + 1048
     node(11_000, 300 + 5000)  # the list grew by others' frees: not the daemon's room
-    assert d.fast_room_pages() == 11_000 - margin + 1048
+    assert d.fastnode.room_pages() == 11_000 - margin + 1048
     node(11_000, 100)  # taken
-    assert d.fast_room_pages() == 11_000 - margin
+    assert d.fastnode.room_pages() == 11_000 - margin
     node(11_000, 3000)
-    assert d.fast_room_pages() == 11_000 - margin  # nothing demoted since
+    assert d.fastnode.room_pages() == 11_000 - margin  # nothing demoted since
 
 
 def test_moves_capped_at_the_measured_throughput(tmp_path):

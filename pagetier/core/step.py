@@ -99,7 +99,8 @@ class Mover(Protocol):
 @dataclass
 class Outcome:
     """One act of a step: the policy's context and decision, the plan, what was moved, the
-    capacity the policy was told (None: unknown) and the seconds of CPU the decision took."""
+    capacity the policy was told (None: unknown), the seconds of CPU the decision took and the
+    limits the moves were planned in."""
 
     context: object
     decision: object
@@ -107,6 +108,7 @@ class Outcome:
     moved: Moved
     capacity: int | None
     decide_s: float
+    limits: Limits
 
     @property
     def clipped(self) -> int:
@@ -173,7 +175,7 @@ class Step:
         moves = planner.plan(st, dec, lim.budget, lim.room, lim.rate, fast=self.fast,
                              slow=self.slow)
         moved = self.mover.move(st, moves, dec, lim)
-        return Outcome(ctx, dec, moves, moved, capacity, decide_s)
+        return Outcome(ctx, dec, moves, moved, capacity, decide_s, lim)
 
     def __call__(self, reads: Iterable[Read], limits: Callable[[], Limits]) -> Outcome:
         """A whole interval: begin, merge ``reads``, act."""
