@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * fault mode: each scan marks a sample of the target's anonymous pages inaccessible with the
- * kernel's NUMA-hinting encoding (PROT_NONE PTE bits), so that the next access takes a hinting
- * fault, which the kernel's own fault path resolves. A kretprobe on the function that path calls
+ * fault mode: each scan marks a sample of the target's pages (anonymous, shmem and file-backed:
+ * pagetier_page_kind()) inaccessible with the kernel's NUMA-hinting encoding (PROT_NONE PTE
+ * bits), so that the next access takes a hinting fault, which the kernel's own fault path
+ * resolves for every kind (do_numa_page and do_huge_pmd_numa_page restore the mapping, and take
+ * no folio lock nor wait for writeback: the module never does either). A kretprobe on the function that path calls
  * with the faulting address (numa_migrate_prep on 6.1, numa_migrate_check from 6.10) counts the
  * fault and returns NUMA_NO_NODE so that the kernel never migrates a target's page on its own:
  * placement is the daemon's decision. Detach restores every PTE left inaccessible.
@@ -23,13 +25,16 @@
 #define HINT_FN "numa_migrate_prep"
 #endif
 
-/* Make an anonymous PTE inaccessible with the hinting encoding (page-table lock held). */
+/*
+ * Make a PTE of a tracked page inaccessible with the hinting encoding (page-table lock held).
+ * Unlike the kernel's own marker, dirty page-cache pages are marked too: pagetier counts, the
+ * daemon moves them with move_pages, which migrates dirty pages on filesystems that can.
+ */
 static bool mark_pte(struct vm_area_struct *vma, unsigned long addr, pte_t *ptep)
 {
 	pte_t old = ptep_get(ptep), new;
 
-	if (pte_protnone(old) || !vma_is_anonymous(vma) ||
-	    !pagetier_page_is_plain_anon(pte_page(old)))
+	if (pte_protnone(old) || pte_special(old) || pagetier_page_kind(pte_page(old), NULL) < 0)
 		return false;
 	/* atomically, so that no Accessed or Dirty bit set meanwhile is lost */
 	old = ptep_get_and_clear(vma->vm_mm, addr, ptep);
@@ -45,9 +50,8 @@ static bool mark_pmd(struct vm_area_struct *vma, unsigned long addr, pmd_t *pmdp
 {
 	pmd_t old = *pmdp, new;
 
-	/* plain anon also rules out the huge zero page */
-	if (pmd_protnone(old) || !vma_is_anonymous(vma) ||
-	    !pagetier_page_is_plain_anon(pmd_page(old)))
+	/* a kind also rules out the huge zero page (no mapping) */
+	if (pmd_protnone(old) || pagetier_page_kind(pmd_page(old), NULL) < 0)
 		return false;
 	/* never none in between: MADV_DONTNEED checks PMDs without the lock */
 	old = pmdp_establish(vma, addr, pmdp, pmd_mkinvalid(old));
@@ -170,7 +174,7 @@ static void restore_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, uns
 static void fault_detach(struct pagetier_target *t)
 {
 	struct pagetier_walk w = { .pte = restore_pte, .pmd = restore_pmd, .t = t,
-				   .protects = true };
+				   .protects = true, .restore = true };
 
 	pagetier_walk_all(&w);
 }
@@ -180,7 +184,7 @@ static unsigned long fault_unmark(struct pagetier_target *t, const u64 *addrs, u
 {
 	unsigned long i, done = 0;
 	struct pagetier_walk w = { .pte = restore_pte, .pmd = restore_pmd, .t = t, .priv = &done,
-				   .protects = true };
+				   .protects = true, .restore = true };
 
 	for (i = 0; i < nr; i++) {
 		pagetier_walk_addr(&w, addrs[i]);

@@ -134,7 +134,7 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 
 		if (!vma || addr < vma->vm_start || addr >= vma->vm_end) {
 			vma = find_vma(mm, addr);
-			if (vma && (addr < vma->vm_start || !pagetier_vma_tracked(vma)))
+			if (vma && (addr < vma->vm_start || !pagetier_vma_tracked(t, vma)))
 				vma = NULL;
 		}
 		pmd = vma ? probe_pmd_of(mm, addr) : NULL;

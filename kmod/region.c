@@ -14,14 +14,16 @@
 
 #include "pagetier.h"
 
+#define PR_WALKED_LOW ((1UL << PR_WALKED_BITS) - 1)
+
 static unsigned long region_val(unsigned int present, unsigned int node, bool mixed, bool huge,
-				u8 gen, u64 pass)
+				u8 gen, u64 pass, unsigned long kinds)
 {
 	return min_t(unsigned long, present, PT_REGION_PAGES) |
 	       ((unsigned long)(node + 1) << PR_NODE_SHIFT & PR_NODE_MASK) |
 	       (mixed ? PR_MIXED : 0) | (huge ? PR_HUGE : 0) |
 	       ((unsigned long)gen << PR_GEN_SHIFT) |
-	       ((unsigned long)(pass & 0x7fffffffUL) << PR_WALKED_SHIFT);
+	       ((unsigned long)(pass & PR_WALKED_LOW) << PR_WALKED_SHIFT) | (kinds & PR_KINDS);
 }
 
 static u8 region_gen(unsigned long v)
@@ -37,12 +39,13 @@ static u8 region_gen(unsigned long v)
  * @node: the node of the first of them.
  * @mixed: whether some are on another node.
  * @huge: one huge mapping.
+ * @kinds: PR_SHMEM, PR_FILE, PR_SHARED: whether any of the pages is of that kind.
  *
  * VMAs that share a page table read it in parts, in one pass: the parts add up.
  * Context: may sleep (allocates); no lock held.
  */
 void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsigned int present,
-			  unsigned int node, bool mixed, bool huge)
+			  unsigned int node, bool mixed, bool huge, unsigned long kinds)
 {
 	XA_STATE(xas, &t->regions, region);
 	unsigned long old, v;
@@ -51,7 +54,7 @@ void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsig
 	do {
 		xas_lock(&xas);
 		entry = xas_load(&xas);
-		v = region_val(present, node, mixed, huge, t->gen, t->scans);
+		v = region_val(present, node, mixed, huge, t->gen, t->scans, kinds);
 		if (xa_is_value(entry)) {
 			old = xa_to_value(entry);
 			/* read earlier in this pass through another VMA: add this part */
@@ -60,7 +63,7 @@ void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsig
 
 				v = region_val((old & PR_PRESENT_MASK) + present, first,
 					       (old & PR_MIXED) || mixed || first != node,
-					       huge, t->gen, t->scans);
+					       huge, t->gen, t->scans, (old & PR_KINDS) | kinds);
 			}
 		}
 		xas_store(&xas, xa_mk_value(v));
@@ -74,6 +77,10 @@ void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsig
  * @first: the first region index the walk covers below the entry.
  * @last: the last one.
  * @units: the carried-over regions' units are added here (pages; a huge mapping is one).
+ * @shmem: of them, those of regions holding shmem pages.
+ * @file: of them, those of regions holding file-backed pages. A region holding pages of more
+ *	  than one kind (two VMAs of different kinds in one 2 MiB) counts under each it holds:
+ *	  the table keeps which kinds a region holds, not how many pages of each.
  *
  * The page table(s) are read anyway (return false) when the page table of a region is not
  * known yet (a new page table starts with its entry's Accessed bit set, but a table filled in
@@ -83,10 +90,10 @@ void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsig
  * Context: no lock held. Return: true if the walk may skip the entry's table.
  */
 bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsigned long last,
-			  u64 *units)
+			  u64 *units, u64 *shmem, u64 *file)
 {
 	XA_STATE(xas, &t->regions, first);
-	unsigned long v, n = 0, carried = 0;
+	unsigned long v, n = 0, carried = 0, u;
 	bool skip = true;
 	void *entry;
 
@@ -117,7 +124,10 @@ bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsign
 			v = (v & ~PR_GEN_MASK) | PR_IDLE | ((unsigned long)t->gen << PR_GEN_SHIFT);
 			xas_store(&xas, xa_mk_value(v)); /* replaces a value: no allocation */
 			carried++;
-			*units += (v & PR_HUGE) ? 1 : (v & PR_PRESENT_MASK);
+			u = (v & PR_HUGE) ? 1 : (v & PR_PRESENT_MASK);
+			*units += u;
+			*shmem += (v & PR_SHMEM) ? u : 0;
+			*file += (v & PR_FILE) ? u : 0;
 		}
 	}
 	xas_unlock(&xas);
@@ -245,15 +255,19 @@ static void fill_region(struct pagetier_target *t, unsigned long r, unsigned lon
 {
 	unsigned long node = (v & PR_NODE_MASK) >> PR_NODE_SHIFT;
 	u32 walked = (v & PR_WALKED_MASK) >> PR_WALKED_SHIFT;
-	u32 last = (u32)(READ_ONCE(t->scans) - 1) & 0x7fffffffU;
-	s32 idle = (s32)((last - walked) << 1) >> 1; /* 31-bit wrap-around difference */
+	u32 last = (u32)(READ_ONCE(t->scans) - 1) & PR_WALKED_LOW;
+	/* PR_WALKED_BITS-bit wrap-around difference */
+	s32 idle = (s32)((last - walked) << (32 - PR_WALKED_BITS)) >> (32 - PR_WALKED_BITS);
 
 	*rec = (struct pagetier_region){
 		.addr = (u64)r << PMD_SHIFT,
 		.node = node ? node - 1 : PAGETIER_NODE_NONE,
 		.flags = ((v & PR_HUGE) ? PAGETIER_REGION_HUGE : 0) |
 			 ((v & PR_MIXED) ? PAGETIER_REGION_MIXED : 0) |
-			 ((v & PR_IDLE) ? PAGETIER_REGION_IDLE : 0),
+			 ((v & PR_IDLE) ? PAGETIER_REGION_IDLE : 0) |
+			 ((v & PR_SHMEM) ? PAGETIER_REGION_SHMEM : 0) |
+			 ((v & PR_FILE) ? PAGETIER_REGION_FILE : 0) |
+			 ((v & PR_SHARED) ? PAGETIER_REGION_SHARED : 0),
 		.nr_present = v & PR_PRESENT_MASK,
 		.idle_passes = idle > 0 ? idle : 0,
 	};

@@ -20,12 +20,15 @@ struct pt_seen {
 	unsigned int node;
 	bool huge;
 	bool accessed;
+	u8 kind;     /* PT_KIND_* */
+	bool shared; /* mapped more than once */
 };
 
 /* What the scan collects under one page-table lock; applied to the xarray after the unlock. */
 struct scan_batch {
 	unsigned int n;
 	u64 tracked;
+	u64 shmem, file; /* of tracked, shmem and file-backed units */
 	u64 walked; /* pages in the page tables (and huge mappings) read */
 	bool probing;
 	unsigned long region;	/* the region of the units below, and whether they are left */
@@ -71,14 +74,19 @@ static void scan_pte(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	struct scan_batch *b = w->priv;
 	unsigned long index = addr >> PAGE_SHIFT;
 	pte_t pte = ptep_get(ptep);
-	bool acc;
+	bool acc, shared;
+	int kind;
 
 	if (pte_special(pte))
+		return;
+	kind = pagetier_page_kind(pte_page(pte), &shared);
+	if (kind < 0)
 		return;
 	/* the first scan only arms: counting starts with the attach */
 	acc = t->ops->pte(t, vma, addr, ptep, sample_region(t, b, index) && in_sample(t, index)) &&
 	      t->scans;
-	b->seen[b->n++] = (struct pt_seen){ index, page_to_nid(pte_page(pte)), false, acc };
+	b->seen[b->n++] = (struct pt_seen){ index, page_to_nid(pte_page(pte)), false, acc, kind,
+					    shared };
 }
 
 static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
@@ -88,12 +96,15 @@ static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	struct scan_batch *b = w->priv;
 	unsigned long index = addr >> PAGE_SHIFT;
 	unsigned int nid = page_to_nid(pmd_page(*pmdp));
-	bool acc;
+	bool acc, shared;
+	int kind = pagetier_page_kind(pmd_page(*pmdp), &shared);
 
+	if (kind < 0) /* the huge zero page among others */
+		return;
 	acc = t->ops->pmd(t, vma, addr, pmdp,
 			  sample_region(t, b, index) && in_sample(t, addr >> HPAGE_PMD_SHIFT)) &&
 	      t->scans;
-	b->seen[b->n++] = (struct pt_seen){ index, nid, true, acc };
+	b->seen[b->n++] = (struct pt_seen){ index, nid, true, acc, kind, shared };
 }
 
 /*
@@ -114,7 +125,8 @@ static bool record(struct pagetier_target *t, const struct pt_seen *s, bool prob
 		listed = s->accessed || (old & PT_SEEN);
 		v = (old & (PT_COUNT_MASK | PT_PROBE_MASK)) |
 		    ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) | (s->huge ? PT_HUGE : 0) |
-		    ((unsigned long)t->gen << PT_GEN_SHIFT);
+		    ((unsigned long)t->gen << PT_GEN_SHIFT) |
+		    ((unsigned long)s->kind << PT_KIND_SHIFT) | (s->shared ? PT_SHARED : 0);
 		/* not accessed: no frequency; accessed: the last estimate stands until the probe's */
 		if (!listed || !probing)
 			v &= ~PT_PROBE_MASK;
@@ -128,16 +140,21 @@ static bool record(struct pagetier_target *t, const struct pt_seen *s, bool prob
 	return listed;
 }
 
-/* One page table (or huge mapping) read: its region. */
+/* One page table (or huge mapping) read: its region, with the kinds of its pages. */
 static void note_region(struct pagetier_target *t, const struct scan_batch *b)
 {
 	unsigned int i, node = b->seen[0].node, present = b->seen[0].huge ? PT_REGION_PAGES : b->n;
+	unsigned long kinds = 0;
 	bool mixed = false;
 
-	for (i = 1; i < b->n && !mixed; i++)
-		mixed = b->seen[i].node != node;
+	for (i = 0; i < b->n; i++) {
+		mixed |= b->seen[i].node != node;
+		kinds |= (b->seen[i].kind == PT_KIND_SHMEM ? PR_SHMEM : 0) |
+			 (b->seen[i].kind == PT_KIND_FILE ? PR_FILE : 0) |
+			 (b->seen[i].shared ? PR_SHARED : 0);
+	}
 	pagetier_region_note(t, b->seen[0].index >> (PMD_SHIFT - PAGE_SHIFT), present, node, mixed,
-			     b->seen[0].huge);
+			     b->seen[0].huge, kinds);
 }
 
 /*
@@ -154,7 +171,7 @@ static bool scan_idle(struct pagetier_walk *w, unsigned long first, unsigned lon
 	if (first != last && refresh &&
 	    ((first >> (PUD_SHIFT - PMD_SHIFT)) + t->scans) % refresh == 0)
 		return false;
-	return pagetier_region_idle(t, first, last, &b->tracked);
+	return pagetier_region_idle(t, first, last, &b->tracked, &b->shmem, &b->file);
 }
 
 static void scan_unlocked(struct pagetier_walk *w)
@@ -171,6 +188,8 @@ static void scan_unlocked(struct pagetier_walk *w)
 			pagetier_probe_note(&b->probe, b->seen[i].index, b->seen[i].huge);
 		if (b->seen[i].accessed)
 			atomic64_inc(&w->t->accesses);
+		b->shmem += b->seen[i].kind == PT_KIND_SHMEM;
+		b->file += b->seen[i].kind == PT_KIND_FILE;
 	}
 	b->tracked += b->n;
 	b->n = 0;
@@ -202,6 +221,8 @@ int pagetier_scan(struct pagetier_target *t)
 	}
 	b->n = 0;
 	b->tracked = 0;
+	b->shmem = 0;
+	b->file = 0;
 	b->walked = 0;
 	b->region = ULONG_MAX;
 	b->no_marks = false;
@@ -219,6 +240,8 @@ int pagetier_scan(struct pagetier_target *t)
 					     DIV_ROUND_UP(t->walked_last, t->page_budget));
 		t->marked_now = 0;
 		t->tracked_now = 0;
+		t->shmem_now = 0;
+		t->file_now = 0;
 		t->walked_now = 0;
 		t->memo_pud = 0;
 		t->memo_pmd = 0;
@@ -244,10 +267,14 @@ int pagetier_scan(struct pagetier_target *t)
 	t->memo_pud_young = w.memo_pud_young;
 	t->memo_pmd_young = w.memo_pmd_young;
 	t->tracked_now += b->tracked;
+	t->shmem_now += b->shmem;
+	t->file_now += b->file;
 	t->walked_now += b->walked;
 	t->cursor = w.cursor;
 	if (!w.cursor) {
 		WRITE_ONCE(t->pages_tracked, t->tracked_now);
+		WRITE_ONCE(t->pages_shmem, t->shmem_now);
+		WRITE_ONCE(t->pages_file, t->file_now);
 		t->walked_last = t->walked_now;
 		pagetier_region_drop_stale(t);
 		t->pass_started = false;

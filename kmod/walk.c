@@ -19,13 +19,14 @@
 
 
 /**
- * pagetier_vma_tracked() - whether pagetier tracks pages of @vma.
+ * pagetier_vma_walkable() - whether the walks may look at the page tables of @vma.
  * @vma: a VMA of a target, mmap_lock held.
  *
  * Return: true for accessible, ordinary mappings; false for hugetlbfs, I/O and PFN maps,
- * userfaultfd write-protected ranges and shadow stacks.
+ * userfaultfd write-protected ranges and shadow stacks. The restores (detach, UNMARK) walk
+ * every such VMA, whatever the target tracks.
  */
-bool pagetier_vma_tracked(struct vm_area_struct *vma)
+bool pagetier_vma_walkable(struct vm_area_struct *vma)
 {
 	if (!vma_is_accessible(vma) || is_vm_hugetlb_page(vma))
 		return false;
@@ -39,16 +40,61 @@ bool pagetier_vma_tracked(struct vm_area_struct *vma)
 }
 
 /**
- * pagetier_page_is_plain_anon() - an anonymous, non-KSM page.
- * @page: a mapped page.
+ * pagetier_vma_tracked() - whether the scan tracks pages of @vma for @t.
+ * @t: the target.
+ * @vma: a VMA of the target, mmap_lock held.
  *
- * Return: true if @page belongs to an anonymous folio that KSM does not share.
+ * A read-only file mapping (shared libraries' text and read-only data, a data file mapped
+ * PROT_READ) is left out unless the target was attached with PAGETIER_ATTACH_READONLY_FILES:
+ * the kernel's NUMA balancing leaves the same VMAs out (task_numa_work), as pages many
+ * processes share read-only gain little from a move.
+ *
+ * Return: true if the scan looks at its pages.
  */
-bool pagetier_page_is_plain_anon(struct page *page)
+bool pagetier_vma_tracked(const struct pagetier_target *t, struct vm_area_struct *vma)
 {
-	unsigned long mapping = (unsigned long)READ_ONCE(compound_head(page)->mapping);
+	if (!pagetier_vma_walkable(vma))
+		return false;
+	if (vma->vm_file && (vma->vm_flags & (VM_READ | VM_WRITE)) == VM_READ &&
+	    !(t->attach_flags & PAGETIER_ATTACH_READONLY_FILES))
+		return false;
+	return true;
+}
 
-	return (mapping & PAGE_MAPPING_FLAGS) == PAGE_MAPPING_ANON;
+/**
+ * pagetier_page_kind() - the kind of memory a mapped page is, or none pagetier tracks.
+ * @page: a page mapped by a present PTE or huge PMD (its page-table lock held).
+ * @shared: if not NULL, set to whether its folio is mapped more than once (by other
+ *	    processes, or shared copy-on-write after a fork): move_pages(2) moves such a page only
+ *	    with MPOL_MF_MOVE_ALL. An estimate for a large folio mapped in parts, as the kernel's.
+ *
+ * The kind is the folio's, not the VMA's: a private file mapping's pages written since are
+ * anonymous. Left out: KSM pages and other non-LRU "movable" pages, pages without a mapping
+ * (the zero page and the huge zero page, a page cache page being truncated), zone-device pages.
+ *
+ * Return: PT_KIND_ANON, PT_KIND_SHMEM or PT_KIND_FILE; -1 for a page left out.
+ */
+int pagetier_page_kind(struct page *page, bool *shared)
+{
+	struct folio *folio = page_folio(page);
+	unsigned long mapping = (unsigned long)READ_ONCE(folio->mapping);
+	int kind;
+
+	if (is_zone_device_page(page))
+		return -1;
+	if ((mapping & PAGE_MAPPING_FLAGS) == PAGE_MAPPING_ANON)
+		kind = PT_KIND_ANON;
+	else if (!mapping || (mapping & PAGE_MAPPING_FLAGS))
+		return -1;
+	else /* shmem folios are swap-backed, page cache of a filesystem is not */
+		kind = folio_test_swapbacked(folio) ? PT_KIND_SHMEM : PT_KIND_FILE;
+	if (shared)
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 9, 0) /* folio_likely_mapped_shared() from 6.9 */
+		*shared = folio_likely_mapped_shared(folio);
+#else
+		*shared = page_mapcount(page) > 1;
+#endif
+	return kind;
 }
 
 /**
@@ -422,7 +468,7 @@ void pagetier_walk_all(struct pagetier_walk *w)
 	vma_iter_init(&vmi, mm, start);
 	w->cursor = 0;
 	for_each_vma(vmi, vma) {
-		if (!pagetier_vma_tracked(vma))
+		if (!(w->restore ? pagetier_vma_walkable(vma) : pagetier_vma_tracked(w->t, vma)))
 			continue;
 		from = max(start, vma->vm_start);
 		if (walk_spent(w)) {
@@ -444,14 +490,15 @@ void pagetier_walk_all(struct pagetier_walk *w)
  * @w: what to call; the caller holds t->mm's users and its mmap_lock for read.
  * @addr: a user address of the target.
  *
- * Return: true if @addr lies in a tracked VMA.
+ * Return: true if @addr lies in a tracked VMA (walkable, for a restore).
  */
 bool pagetier_walk_addr(struct pagetier_walk *w, unsigned long addr)
 {
 	struct vm_area_struct *vma = find_vma(w->t->mm, addr);
 
 	addr &= PAGE_MASK;
-	if (!vma || addr < vma->vm_start || !pagetier_vma_tracked(vma))
+	if (!vma || addr < vma->vm_start ||
+	    !(w->restore ? pagetier_vma_walkable(vma) : pagetier_vma_tracked(w->t, vma)))
 		return false;
 	walk_range(w, vma, addr, addr + PAGE_SIZE);
 	return true;

@@ -34,6 +34,9 @@
 #define PAGETIER_SCAN_PERIOD_MAX_MS 60000
 #define PAGETIER_SAMPLE_RATIO_MAX 65536
 
+/* struct pagetier_attach.flags (from 0.5) */
+#define PAGETIER_ATTACH_READONLY_FILES (1U << 0) /* also track read-only file mappings */
+
 struct pagetier_version {
 	__u32 major;
 	__u32 minor;
@@ -64,6 +67,14 @@ struct pagetier_detach {
 #define PAGETIER_REC_PRESENT (1U << 0)	/* mapped at the last scan */
 #define PAGETIER_REC_HUGE (1U << 1)	/* a 2 MiB PMD mapping: addr is its start */
 #define PAGETIER_REC_ACCESSED (1U << 2) /* accessed since the last reset */
+/*
+ * From 0.5, the kind of memory (neither flag: anonymous) and whether the page was mapped more
+ * than once at the last scan (by other processes too, or shared copy-on-write after a fork):
+ * move_pages(2) moves such a page only with MPOL_MF_MOVE_ALL.
+ */
+#define PAGETIER_REC_SHMEM (1U << 3)  /* shmem/tmpfs: MAP_SHARED|MAP_ANONYMOUS, memfd, /dev/shm */
+#define PAGETIER_REC_FILE (1U << 4)   /* page cache of a file on a filesystem */
+#define PAGETIER_REC_SHARED (1U << 5) /* mapped more than once at the last scan */
 
 #define PAGETIER_NODE_NONE 0xffffffffU
 
@@ -133,6 +144,10 @@ struct pagetier_stats {
 #define PAGETIER_REGION_ACCESSED (1U << 2) /* a page accessed since the last reset */
 #define PAGETIER_REGION_MIXED (1U << 3)	   /* pages on more than one node: node is the first's */
 #define PAGETIER_REGION_IDLE (1U << 4)	   /* the last pass carried it over (see above) */
+/* from 0.5: set when any of its present pages is of that kind (PAGETIER_REC_* above) */
+#define PAGETIER_REGION_SHMEM (1U << 5)
+#define PAGETIER_REGION_FILE (1U << 6)
+#define PAGETIER_REGION_SHARED (1U << 7)
 
 struct pagetier_region {
 	__u64 addr;	   /* start, PAGETIER_REGION_SIZE aligned */
