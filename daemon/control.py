@@ -18,11 +18,13 @@ fire-and-forget annotations an application sends on its hot path). Malformed inp
 error reply; nothing a client sends can stop the daemon.
 
 The server is polled from the daemon's loop (:meth:`ControlServer.poll`), so requests run on
-the daemon's thread, between intervals, with no locking.
+the daemon's thread, between intervals, with no locking. :class:`Requests` answers them for the daemon:
+annotations to its policy, status from its report, attach and detach to its targets.
 """
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import selectors
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from pagetier import protocol
+from pagetier.daemon import report
 from pagetier.errors import ConfigError, PagetierError
 from pagetier.policies.base import Annotation
 from pagetier.protocol import ANNOTATION_OPS, MAX_LINE, OPS  # noqa: F401  (the wire protocol)
@@ -303,6 +306,69 @@ class ControlServer:
                 self.path.unlink()
         except FileNotFoundError:
             pass
+
+
+class Requests:
+    """Answers the control requests of ``daemon`` (daemon/loop.py), the ControlServer's
+    handler: annotations go to its policy, status comes from its report, attach and detach
+    go to its target tracking."""
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+
+    def __call__(self, peer: Peer, req: dict) -> dict | None:
+        op = req["op"]
+        if op in ANNOTATION_OPS:
+            return self.annotate(peer, op, req)
+        if op == "status":
+            return self.status(peer)
+        return self.manage(peer, op, _pid_arg(req))
+
+    def annotate(self, peer: Peer, op: str, req: dict) -> dict | None:
+        """An application's annotation of itself, passed to the policy; a policy that asks for
+        a decision now gets a boundary step."""
+        d = self.daemon
+        pid = req.get("pid", peer.pid)
+        if pid != peer.pid:
+            raise RequestError(f"{op}: annotations apply to the calling process only "
+                               f"(pid {peer.pid}), not to pid {pid}")
+        if pid not in d.targets:
+            raise RequestError(f"pid {pid} is not managed by this pagetier daemon "
+                               f"(start it with `pagetier run` or attach it first)")
+        if op == "hello":
+            return {"pid": pid, "policy": d.policy.name,
+                    "annotations": bool(d.policy.accepts_annotations)}
+        ev = annotation(pid, req)
+        if op in ("add_layer", "end_profile") and d.policy.wants_samples(pid):
+            d.read_target(pid)  # the counts of the layer that just ended
+        if d.policy.annotate(ev):
+            d.boundary()
+        return None
+
+    def status(self, peer: Peer) -> dict:
+        """The status document; an unprivileged caller sees only the targets it owns."""
+        doc = report.status_doc(self.daemon)
+        if peer.uid != 0:
+            doc["targets"] = [t for t in doc["targets"] if owner(t["pid"]) == peer.uid]
+            doc.pop("config", None)
+            doc.pop("last", None)
+            doc.pop("totals", None)
+        return {"status": json.loads(json.dumps(doc, default=report.jsonable))}
+
+    def manage(self, peer: Peer, op: str, pid: int) -> dict:
+        """Attach or detach ``pid``, for a peer allowed to manage it."""
+        may_manage(peer, pid)
+        d = self.daemon
+        if op == "attach":
+            try:
+                d.tracker.attach(pid)
+            except (PagetierError, OSError) as e:
+                raise RequestError(f"attach {pid}: {e}") from None
+            return {"pid": pid}
+        if pid not in d.targets:
+            raise RequestError(f"detach: pid {pid} is not managed by this daemon")
+        d.tracker.drop(pid, f"detached at the request of pid {peer.pid}")
+        return {"pid": pid}
 
 
 def request(path: str | os.PathLike, req: dict, timeout: float = 10.0) -> dict:

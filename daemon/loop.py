@@ -72,7 +72,6 @@ detached, numa_balancing restored); SIGHUP reloads the configuration.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -587,14 +586,14 @@ class Daemon:
         explicit = self.cfg.control_socket
         path = Path(explicit) if explicit else control.default_path()
         try:
-            self.control = control.ControlServer(path, self._control_request)
+            self.control = control.ControlServer(path, control.Requests(self))
         except ConfigError as e:
             if explicit or "another pagetier daemon" not in str(e):
                 log.warning("%s: no annotations, attach or status requests", e)
                 return
             alt = path.with_name(f"control-{os.getpid()}.sock")  # a second daemon
             try:
-                self.control = control.ControlServer(alt, self._control_request)
+                self.control = control.ControlServer(alt, control.Requests(self))
             except ConfigError as e2:
                 log.warning("%s: no annotations, attach or status requests", e2)
                 return
@@ -615,46 +614,10 @@ class Daemon:
             stats = self.step(boundary=True)
             self.report.emit(stats, self.cfg)
 
-    def _control_request(self, peer, req: dict) -> dict | None:
-        """Answer one control request (daemon/control.py authenticated ``peer``)."""
-        op = req["op"]
-        if op in control.ANNOTATION_OPS:
-            pid = req.get("pid", peer.pid)
-            if pid != peer.pid:
-                raise control.RequestError(f"{op}: annotations apply to the calling process only "
-                                           f"(pid {peer.pid}), not to pid {pid}")
-            if pid not in self.targets:
-                raise control.RequestError(f"pid {pid} is not managed by this pagetier daemon "
-                                           f"(start it with `pagetier run` or attach it first)")
-            if op == "hello":
-                return {"pid": pid, "policy": self.policy.name,
-                        "annotations": bool(self.policy.accepts_annotations)}
-            ev = control.annotation(pid, req)
-            if op in ("add_layer", "end_profile") and self.policy.wants_samples(pid):
-                self.read_target(pid)  # the counts of the layer that just ended
-            if self.policy.annotate(ev):
-                self._boundary = True
-            return None
-        if op == "status":
-            doc = report.status_doc(self)
-            if peer.uid != 0:
-                doc["targets"] = [t for t in doc["targets"] if control.owner(t["pid"]) == peer.uid]
-                doc.pop("config", None)
-                doc.pop("last", None)
-                doc.pop("totals", None)
-            return {"status": json.loads(json.dumps(doc, default=report.jsonable))}
-        pid = control._pid_arg(req)
-        control.may_manage(peer, pid)
-        if op == "attach":
-            try:
-                self.tracker.attach(pid)
-            except (PagetierError, OSError) as e:
-                raise control.RequestError(f"attach {pid}: {e}") from None
-            return {"pid": pid}
-        if pid not in self.targets:
-            raise control.RequestError(f"detach: pid {pid} is not managed by this daemon")
-        self.tracker.drop(pid, f"detached at the request of pid {peer.pid}")
-        return {"pid": pid}
+    def boundary(self) -> None:
+        """The policy asked for a decision now (a layer boundary): a step comes as soon as the
+        control socket's requests are served."""
+        self._boundary = True
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
