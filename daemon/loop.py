@@ -96,7 +96,7 @@ from pagetier.daemon import config as config_mod
 from pagetier.daemon import control
 from pagetier.daemon import report
 from pagetier.daemon.clock import Clock
-from pagetier.daemon.executor import THROUGHPUT_MIN_PAGES, Executor
+from pagetier.daemon.executor import THROUGHPUT_MIN_PAGES, Executor, new_tally
 from pagetier.daemon.fastnode import ROOM_MARGIN, FastNode  # noqa: F401
 from pagetier.daemon.moves import MOVE_TIME_SHARE, DaemonMover  # noqa: F401
 from pagetier.daemon.numab import NumaBalancing
@@ -372,7 +372,7 @@ class Daemon:
         stats.update(self._step_stats(out))
         stats.update(merge_s=round(merge_s, 6),  # PageState bookkeeping of the samples
                      decide_s=round(out.decide_s, 6),
-                     move_s=round(out.moved.tally["move_s"], 6),  # wall time of the moves
+                     move_s=round(out.moved.tally.get("move_s", 0.0), 6),  # wall time of the moves
                      cpu_s=round(time.process_time() - cpu0, 6),
                      profiler_scan_s=scan_s,  # kernel-side scan time so far (kmod)
                      wall_s=round(time.monotonic() - wall0, 6))
@@ -396,7 +396,7 @@ class Daemon:
     def _step_stats(self, out: Outcome) -> dict:
         """The stats of a step's moves and of the fast node after them."""
         st, fast, moved, lim = self.state, self.cfg.fast_node, out.moved, out.limits
-        acc = moved.tally
+        acc = {**new_tally(), **moved.tally}  # a mover reports what it counts; the rest is 0
         resident = {(str(n) if n >= 0 else "unknown"): p * PAGE_SIZE
                     for n, p in st.resident().items()}
         bound = moved.limit or out.decision.stats.get("limit")
