@@ -57,6 +57,8 @@ static long do_attach(struct file *file, struct pagetier_attach __user *arg)
 	for (i = 0; i < ARRAY_SIZE(a.reserved); i++)
 		if (a.reserved[i])
 			return -EINVAL;
+	if ((a.flags & ~PAGETIER_ATTACH_READONLY_FILES) || a.reserved0)
+		return -EINVAL;
 	if (!mode_ops(a.mode) || a.pid == 0 || a.pid > PID_MAX_LIMIT)
 		return -EINVAL;
 	if (a.scan_period_ms && (a.scan_period_ms < PAGETIER_SCAN_PERIOD_MIN_MS ||
@@ -118,7 +120,8 @@ static unsigned int read_chunk(struct pagetier_target *t, u32 flags, unsigned lo
 				.node = node ? node - 1 : PAGETIER_NODE_NONE,
 				.flags = PAGETIER_REC_PRESENT |
 					 ((v & PT_HUGE) ? PAGETIER_REC_HUGE : 0) |
-					 (acc ? PAGETIER_REC_ACCESSED : 0),
+					 (acc ? PAGETIER_REC_ACCESSED : 0) |
+					 pagetier_entry_kind_flags(v),
 				.freq = pagetier_entry_freq(t, v),
 			};
 		}
@@ -317,13 +320,9 @@ static long do_stats(struct pagetier_stats __user *arg)
 {
 	struct pagetier_stats s;
 	struct pagetier_target *t;
-	unsigned int i;
 
 	if (copy_from_user(&s, arg, sizeof(s)))
 		return -EFAULT;
-	for (i = 0; i < ARRAY_SIZE(s.reserved); i++)
-		if (s.reserved[i])
-			return -EINVAL;
 	t = pagetier_target_get(s.pid);
 	if (!t)
 		return -ESRCH;
@@ -342,6 +341,8 @@ static long do_stats(struct pagetier_stats __user *arg)
 		.scan_resumes = READ_ONCE(t->scan_resumes),
 		.regions_tracked = READ_ONCE(t->regions_tracked),
 		.regions_idle = READ_ONCE(t->regions_idle),
+		.pages_shmem = READ_ONCE(t->pages_shmem),
+		.pages_file = READ_ONCE(t->pages_file),
 	};
 	pagetier_target_put(t);
 	return copy_to_user(arg, &s, sizeof(s)) ? -EFAULT : 0;

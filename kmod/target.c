@@ -166,6 +166,8 @@ static bool follow_exec(struct pagetier_target *t)
 	t->pass_started = false;
 	t->walked_last = 0;
 	WRITE_ONCE(t->pages_tracked, 0);
+	WRITE_ONCE(t->pages_shmem, 0);
+	WRITE_ONCE(t->pages_file, 0);
 	mmdrop(old);
 	pr_debug("pid %d called execve; following it\n", t->pid);
 	return true;
@@ -293,6 +295,7 @@ long pagetier_target_attach(const struct file *owner, const struct pagetier_atta
 	t->scan_period_ms = a->scan_period_ms ?: READ_ONCE(pagetier_default_scan_period_ms);
 	t->sample_ratio = max_t(u32, a->sample_ratio, 1);
 	t->page_budget = a->page_budget;
+	t->attach_flags = a->flags;
 	xa_init(&t->pages);
 	xa_init(&t->regions);
 	INIT_DELAYED_WORK(&t->work, scan_work);

@@ -52,6 +52,10 @@ SAMPLE_RATIO_MAX = _define("PAGETIER_SAMPLE_RATIO_MAX")
 REC_PRESENT = _define("PAGETIER_REC_PRESENT")
 REC_HUGE = _define("PAGETIER_REC_HUGE")
 REC_ACCESSED = _define("PAGETIER_REC_ACCESSED")
+REC_SHMEM = _define("PAGETIER_REC_SHMEM")
+REC_FILE = _define("PAGETIER_REC_FILE")
+REC_SHARED = _define("PAGETIER_REC_SHARED")
+ATTACH_READONLY_FILES = _define("PAGETIER_ATTACH_READONLY_FILES")
 NODE_NONE = _define("PAGETIER_NODE_NONE")
 READ_RESET = _define("PAGETIER_READ_RESET")
 READ_ACCESSED_ONLY = _define("PAGETIER_READ_ACCESSED_ONLY")
@@ -61,6 +65,9 @@ REGION_HUGE = _define("PAGETIER_REGION_HUGE")
 REGION_ACCESSED = _define("PAGETIER_REGION_ACCESSED")
 REGION_MIXED = _define("PAGETIER_REGION_MIXED")
 REGION_IDLE = _define("PAGETIER_REGION_IDLE")
+REGION_SHMEM = _define("PAGETIER_REGION_SHMEM")
+REGION_FILE = _define("PAGETIER_REGION_FILE")
+REGION_SHARED = _define("PAGETIER_REGION_SHARED")
 IOC_MAGIC = _define("PAGETIER_IOC_MAGIC")
 DEVICE = "/dev/pagetier"
 
@@ -68,7 +75,7 @@ _u32, _u64 = np.uint32, np.uint64
 VERSION_T = np.dtype([("major", _u32), ("minor", _u32), ("patch", _u32), ("record_size", _u32)])
 ATTACH_T = np.dtype(
     [("pid", _u32), ("mode", _u32), ("scan_period_ms", _u32), ("sample_ratio", _u32),
-     ("page_budget", _u64), ("reserved", _u64, 4)]
+     ("page_budget", _u64), ("flags", _u32), ("reserved0", _u32), ("reserved", _u64, 3)]
 )
 DETACH_T = np.dtype([("pid", _u32), ("flags", _u32), ("reserved", _u64, 2)])
 RECORD_T = np.dtype([("addr", _u64), ("count", _u32), ("node", _u32), ("flags", _u32), ("freq", _u32)])
@@ -80,7 +87,8 @@ STATS_T = np.dtype(
     [("pid", _u32), ("mode", _u32), ("scans", _u64), ("pages_tracked", _u64),
      ("pages_marked", _u64), ("faults", _u64), ("accesses", _u64), ("scan_ns", _u64),
      ("probe_ns", _u64), ("units_probed", _u64), ("walk_entries", _u64), ("scan_resumes", _u64),
-     ("regions_tracked", _u64), ("regions_idle", _u64), ("reserved", _u64, 2)]
+     ("regions_tracked", _u64), ("regions_idle", _u64), ("pages_shmem", _u64),
+     ("pages_file", _u64)]
 )
 REGION_T = np.dtype(
     [("addr", _u64), ("count", _u32), ("node", _u32), ("flags", _u32), ("freq", _u32),

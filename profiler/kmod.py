@@ -18,6 +18,7 @@ import numpy as np
 
 from pagetier import uapi
 from pagetier.errors import ConfigError, PagetierError, Unavailable
+from pagetier.core.sample import KIND_ANON, KIND_FILE, KIND_SHMEM
 from pagetier.profiler.base import HUGE_PAGES, Profiler, Sample, part_span, register
 
 REPO = Path(__file__).resolve().parent.parent
@@ -144,12 +145,13 @@ class Device:
         return int(v["major"]), int(v["minor"]), int(v["patch"]), int(v["record_size"])
 
     def attach(self, pid: int, mode: str = "fault", scan_period_ms: int = 0,
-               sample_ratio: int = 0, page_budget: int = 0) -> None:
+               sample_ratio: int = 0, page_budget: int = 0, flags: int = 0) -> None:
+        """``flags``: PAGETIER_ATTACH_* (module 0.5 on; an older one refuses any with EINVAL)."""
         if mode not in uapi.MODES:
             raise ConfigError(f"unknown kmod mode {mode!r} (known: {', '.join(uapi.MODES)})")
         a = np.zeros(1, uapi.ATTACH_T)
         a["pid"], a["mode"], a["scan_period_ms"] = pid, uapi.MODES[mode], scan_period_ms
-        a["sample_ratio"], a["page_budget"] = sample_ratio, page_budget
+        a["sample_ratio"], a["page_budget"], a["flags"] = sample_ratio, page_budget, flags
         self._ioctl(uapi.IOC_ATTACH, a, f"attach pid {pid}")
 
     def detach(self, pid: int) -> None:
@@ -218,33 +220,55 @@ class Device:
 
 FREQ_SINCE = (0, 3)  # module versions before this leave pagetier_record.freq 0 (padding)
 REGIONS_SINCE = (0, 4)  # READ_REGIONS, READ_PAGES, and UNMARK's re-read of moved regions
+KINDS_SINCE = (0, 5)  # shmem and file-backed pages tracked, their kind flags, the attach flags
 
 
-def records_to_sample(pid: int, rec: np.ndarray, complete: bool, freq: bool = True) -> Sample:
+def decode_kinds(flags: np.ndarray, shmem: int, file: int, shared: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kind, shared) arrays from record or region flags: KIND_FILE where the file bit is set,
+    else KIND_SHMEM where the shmem bit is, else KIND_ANON."""
+    flags = np.asarray(flags, np.uint32)
+    kind = np.full(len(flags), KIND_ANON, np.uint8)
+    kind[(flags & shmem) != 0] = KIND_SHMEM
+    kind[(flags & file) != 0] = KIND_FILE
+    return kind, (flags & shared) != 0
+
+
+def records_to_sample(pid: int, rec: np.ndarray, complete: bool, freq: bool = True,
+                      kinds: bool = True) -> Sample:
     """A Sample from RECORD_T records; ``freq``: the module fills pagetier_record.freq (0.3 on),
-    else Sample.freq stays empty and Sample.rates() falls back to counts."""
+    else Sample.freq stays empty and Sample.rates() falls back to counts; ``kinds``: the module
+    flags each record's kind of memory and sharing (0.5 on), else Sample.kind and
+    Sample.shared stay empty."""
     huge = (rec["flags"] & uapi.REC_HUGE) != 0
     node = rec["node"].astype(np.int64)
     node[rec["node"] == uapi.NODE_NONE] = -1
+    kind, shared = (decode_kinds(rec["flags"], uapi.REC_SHMEM, uapi.REC_FILE, uapi.REC_SHARED)
+                    if kinds else (np.zeros(0, np.uint8), np.zeros(0, bool)))
     return Sample(pid=pid, addr=rec["addr"].astype(np.uint64), count=rec["count"].astype(np.uint32),
                   node=node.astype(np.int16),
                   npages=np.where(huge, HUGE_PAGES, 1).astype(np.uint16), complete=complete,
-                  freq=rec["freq"].astype(np.float32) if freq else np.zeros(0, np.float32))
+                  freq=rec["freq"].astype(np.float32) if freq else np.zeros(0, np.float32),
+                  kind=kind, shared=shared)
 
 
 def regions_to_sample(pid: int, rec: np.ndarray, complete: bool, freq: bool = True,
-                      span: tuple[int, int] | None = None) -> Sample:
+                      span: tuple[int, int] | None = None, kinds: bool = True) -> Sample:
     """A Sample of region units from REGION_T records (module 0.4 on): one unit of 512 pages per
     record, a region (moved page by page) unless it is one huge mapping. Its node is its first
-    page's (the daemon re-reads a region it moved: see KmodProfiler.moved)."""
+    page's (the daemon re-reads a region it moved: see KmodProfiler.moved). ``kinds`` (0.5 on):
+    its kind is file if it holds file-backed pages, else shmem if it holds shmem, else anon;
+    shared if any of its pages is."""
     huge = (rec["flags"] & uapi.REGION_HUGE) != 0
     node = rec["node"].astype(np.int64)
     node[rec["node"] == uapi.NODE_NONE] = -1
+    kind, shared = (decode_kinds(rec["flags"], uapi.REGION_SHMEM, uapi.REGION_FILE,
+                                 uapi.REGION_SHARED)
+                    if kinds else (np.zeros(0, np.uint8), np.zeros(0, bool)))
     return Sample(pid=pid, addr=rec["addr"].astype(np.uint64), count=rec["count"].astype(np.uint32),
                   node=node.astype(np.int16), npages=np.full(len(rec), HUGE_PAGES, np.uint16),
                   complete=complete,
                   freq=rec["freq"].astype(np.float32) if freq else np.zeros(0, np.float32),
-                  region=~huge, span=span)
+                  region=~huge, span=span, kind=kind, shared=shared)
 
 
 def mapped_span(pid: int) -> tuple[int, int]:
@@ -278,11 +302,15 @@ class KmodProfiler(Profiler):
     """pagetier.ko: mode 'fault' (hinting faults on sampled pages) or 'abit' (Accessed bits)."""
 
     def __init__(self, mode: str = "fault", scan_period_ms: int = 0, sample_ratio: int = 0,
-                 page_budget: int = 0, load: bool = True, granularity: str = "auto"):
+                 page_budget: int = 0, load: bool = True, granularity: str = "auto",
+                 readonly_files: bool = False):
         """``granularity``: the units reads list. "page": a record per 4 KiB page and per huge
         mapping; "region": a record per 2 MiB region (512 times fewer for 4 KiB pages, moved
         whole); "auto" (default): regions for a target with more than 1 GiB of present pages
-        at its first read, pages otherwise. Regions need module 0.4."""
+        at its first read, pages otherwise. Regions need module 0.4.
+
+        ``readonly_files``: also track read-only file mappings (shared libraries, files mapped
+        PROT_READ), which the module leaves out by default as NUMA balancing does. Module 0.5."""
         if mode not in uapi.MODES:
             raise ConfigError(f"kmod: unknown mode {mode!r} (known: {', '.join(uapi.MODES)})")
         if granularity not in GRANULARITIES:
@@ -295,6 +323,11 @@ class KmodProfiler(Profiler):
         self.dev = Device()
         version = self.dev.version()[:2]
         self.has_freq, self.has_regions = version >= FREQ_SINCE, version >= REGIONS_SINCE
+        self.has_kinds = version >= KINDS_SINCE
+        if readonly_files and not self.has_kinds:
+            raise ConfigError(f"kmod: readonly_files needs pagetier.ko 0.5 or later; the loaded "
+                              f"module is {version[0]}.{version[1]} (pagetier kmod load)")
+        self.attach_flags = uapi.ATTACH_READONLY_FILES if readonly_files else 0
         if granularity == "region" and not self.has_regions:
             raise ConfigError(f"kmod: granularity region needs pagetier.ko 0.4 or later; the "
                               f"loaded module is {version[0]}.{version[1]} (pagetier kmod load)")
@@ -312,7 +345,8 @@ class KmodProfiler(Profiler):
     def attach(self, pid: int) -> None:
         """Attach, then wait (FIRST_SCAN_WAIT_S at most) for the module's first scan of the
         target: until it ends the module knows only part of the target's pages."""
-        self.dev.attach(pid, self.mode, self.scan_period_ms, self.sample_ratio, self.page_budget)
+        self.dev.attach(pid, self.mode, self.scan_period_ms, self.sample_ratio, self.page_budget,
+                        self.attach_flags)
         self.pids.add(pid)
         deadline = time.monotonic() + FIRST_SCAN_WAIT_S
         while not self._scanned(pid) and time.monotonic() < deadline:
@@ -374,9 +408,11 @@ class KmodProfiler(Profiler):
         complete = not accessed_only and self._scanned(pid)
         if self.regions(pid):
             rec = self.dev.read_regions(pid, reset=reset, accessed_only=accessed_only)
-            return regions_to_sample(pid, rec, complete=complete, freq=self.has_freq)
+            return regions_to_sample(pid, rec, complete=complete, freq=self.has_freq,
+                                     kinds=self.has_kinds)
         rec = self.dev.read(pid, reset=reset, accessed_only=accessed_only)
-        return records_to_sample(pid, rec, complete=complete, freq=self.has_freq)
+        return records_to_sample(pid, rec, complete=complete, freq=self.has_freq,
+                                 kinds=self.has_kinds)
 
     def read_part(self, pid: int, part: int, parts: int) -> Sample | None:
         """Part ``part`` of ``parts`` of ``pid``'s address space, read whole without a reset
@@ -393,13 +429,15 @@ class KmodProfiler(Profiler):
         try:
             if self.regions(pid):
                 rec = self.dev.read_regions(pid, start=start, end=end)
-                return regions_to_sample(pid, rec, complete=True, freq=self.has_freq, span=span)
+                return regions_to_sample(pid, rec, complete=True, freq=self.has_freq, span=span,
+                                         kinds=self.has_kinds)
             rec = self.dev.read_pages(pid, start, end)
         except KmodError as e:
             if e.errno != errno.ESRCH:
                 raise
             return None  # gone: the daemon's next read finds out
-        sample = records_to_sample(pid, rec, complete=True, freq=self.has_freq)
+        sample = records_to_sample(pid, rec, complete=True, freq=self.has_freq,
+                                   kinds=self.has_kinds)
         sample.span = span
         return sample
 

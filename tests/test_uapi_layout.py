@@ -72,6 +72,10 @@ PROBE_DEFINES = {
     "PAGETIER_REGION_SHIFT": "REGION_SHIFT", "PAGETIER_REGION_SIZE": "REGION_SIZE",
     "PAGETIER_REGION_HUGE": "REGION_HUGE", "PAGETIER_REGION_ACCESSED": "REGION_ACCESSED",
     "PAGETIER_REGION_MIXED": "REGION_MIXED", "PAGETIER_REGION_IDLE": "REGION_IDLE",
+    "PAGETIER_REC_SHMEM": "REC_SHMEM", "PAGETIER_REC_FILE": "REC_FILE",
+    "PAGETIER_REC_SHARED": "REC_SHARED", "PAGETIER_REGION_SHMEM": "REGION_SHMEM",
+    "PAGETIER_REGION_FILE": "REGION_FILE", "PAGETIER_REGION_SHARED": "REGION_SHARED",
+    "PAGETIER_ATTACH_READONLY_FILES": "ATTACH_READONLY_FILES",
 }
 
 
@@ -110,3 +114,24 @@ def test_struct_sizes_and_constants_match_the_compiled_header(c_values):
         assert dtype.itemsize == c_values[f"sizeof {struct}"], struct
     for define, attr in PROBE_DEFINES.items():
         assert getattr(uapi, attr) == c_values[define], define
+
+
+def test_flags_of_one_field_are_distinct_bits():
+    """Each flags field's bits (0.5 added the kinds of memory) are single bits, none shared."""
+    rec = [uapi.REC_PRESENT, uapi.REC_HUGE, uapi.REC_ACCESSED, uapi.REC_SHMEM, uapi.REC_FILE,
+           uapi.REC_SHARED]
+    region = [uapi.REGION_HUGE, uapi.REGION_ACCESSED, uapi.REGION_MIXED, uapi.REGION_IDLE,
+              uapi.REGION_SHMEM, uapi.REGION_FILE, uapi.REGION_SHARED]
+    for bits in (rec, region):
+        assert all(b and b & (b - 1) == 0 for b in bits)
+        assert len(set(bits)) == len(bits)
+
+
+def test_05_fields_keep_the_04_layout():
+    """0.5 took reserved space only: a 0.4 reader's offsets and sizes still hold."""
+    assert uapi.ATTACH_T.itemsize == 56 and uapi.ATTACH_T.fields["flags"][1] == 24
+    assert uapi.ATTACH_T.fields["reserved"][1] == 32
+    assert uapi.STATS_T.itemsize == 120
+    assert uapi.STATS_T.fields["pages_shmem"][1] == 104
+    assert uapi.STATS_T.fields["pages_file"][1] == 112
+    assert uapi.RECORD_T.itemsize == 24 and uapi.REGION_T.itemsize == 40

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# Sample.kind codes: the kind of memory a unit is
+KIND_ANON, KIND_SHMEM, KIND_FILE = 0, 1, 2
+KIND_NAMES = ("anon", "shmem", "file")
+
 
 @dataclass
 class Sample:
@@ -25,6 +29,14 @@ class Sample:
 
     span: for a complete sample, the addresses ``[start, end)`` whose units it lists, all of
     them (a unit is inside when its start address is); None: the whole address space.
+
+    kind: the kind of memory of each unit (uint8: KIND_ANON, KIND_SHMEM, KIND_FILE), or empty
+    when the backend does not know: use :meth:`kinds`. A region holding more than one kind has
+    the first of file, shmem it holds.
+
+    shared: which units were mapped more than once (bool: by other processes too, or shared
+    copy-on-write after a fork; move_pages moves them only with MPOL_MF_MOVE_ALL), or empty
+    when the backend does not know.
     """
 
     pid: int
@@ -36,6 +48,8 @@ class Sample:
     freq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     region: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     span: tuple[int, int] | None = None
+    kind: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    shared: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def __len__(self) -> int:
         return len(self.addr)
@@ -45,6 +59,12 @@ class Sample:
         if len(self.region) == len(self.addr):
             return self.region.astype(bool, copy=False)
         return np.zeros(len(self.addr), bool)
+
+    def kinds(self) -> np.ndarray:
+        """The kind of each unit (uint8, one per unit; KIND_ANON for all when ``kind`` is empty)."""
+        if len(self.kind) == len(self.addr):
+            return self.kind.astype(np.uint8, copy=False)
+        return np.full(len(self.addr), KIND_ANON, np.uint8)
 
     def rates(self, interval_s: float) -> np.ndarray:
         """Estimated accesses per second per unit: ``freq`` when the backend estimated it, else

@@ -14,7 +14,7 @@
 #include <linux/types.h>
 
 #define PAGETIER_VERSION_MAJOR 0
-#define PAGETIER_VERSION_MINOR 4
+#define PAGETIER_VERSION_MINOR 5
 #define PAGETIER_VERSION_PATCH 0
 
 #define PAGETIER_STR_(x) #x
@@ -54,7 +54,9 @@ struct pagetier_attach {
 	__u32 scan_period_ms; /* 0: the module's default_scan_period_ms */
 	__u32 sample_ratio;   /* fault mode: mark 1 page in N per scan; 0 or 1: all */
 	__u64 page_budget;    /* fault mode: at most this many marked per scan; 0: no cap */
-	__u64 reserved[4];
+	__u32 flags;	      /* from 0.5: PAGETIER_ATTACH_*; other bits: EINVAL */
+	__u32 reserved0;      /* must be 0 */
+	__u64 reserved[3];    /* must be 0 */
 };
 
 struct pagetier_detach {
@@ -125,7 +127,8 @@ struct pagetier_stats {
 	__u64 regions_idle;    /* from 0.4: regions passes carried over without reading their
 				* page table (its upper-level Accessed bit was clear), total
 				*/
-	__u64 reserved[2];    /* must be 0 */
+	__u64 pages_shmem;     /* from 0.5: of pages_tracked, shmem units (0.4: reserved, 0) */
+	__u64 pages_file;      /* from 0.5: of pages_tracked, file-backed units (0.4: 0) */
 };
 
 /*
