@@ -449,9 +449,62 @@ class OracleResult:
                 f"{seed}, solved in {self.solve_s:.1f} s")
 
 
-def _tables(units: Units, gid: np.ndarray, G: int, window: int, W: int):
+@dataclass
+class _Model:
+    """The ILP's data per group and window, and its objective and constraints on a plan.
+
+    ``c_old``/``c_new``: counts of units seen before / first seen in the window; ``n_prev``/``a``:
+    pages of units seen before / first seen in the window. With fast-first placement the new
+    units count as old ones (placed with their group, free)."""
+
+    c_old: np.ndarray
+    c_new: np.ndarray
+    n_prev: np.ndarray
+    a: np.ndarray
+    cost: CostModel
+    capacity: int
+    max_moves: int
+    slow_first: bool
+
+    @property
+    def G(self) -> int:
+        return self.c_old.shape[0]
+
+    @property
+    def W(self) -> int:
+        return self.c_old.shape[1]
+
+    @property
+    def B(self) -> int:
+        """Window boundaries, where moves happen."""
+        return self.W - 1
+
+    def objective(self, plan: np.ndarray) -> float:
+        """The plan's time in the model: access time plus migration time."""
+        f, s, m, B = self.cost.fast_s, self.cost.slow_s, self.cost.page_move_s, self.B
+        x = plan.astype(np.float64)
+        moved = ((self.n_prev[:, :B] * np.abs(np.diff(x, axis=1))).sum()
+                 + (self.a[:, :B] * x[:, 1:]).sum())
+        return float((s * self.c_old).sum() + ((f - s) * self.c_old * x).sum()
+                     + (s * self.c_new).sum() + m * moved)
+
+    def feasible(self, plan: np.ndarray) -> bool:
+        """The plan keeps the first-touch rule, the capacity and the rate limit."""
+        B = self.B
+        x = plan.astype(np.float64)
+        if self.slow_first and x[:, 0].any():
+            return False
+        if ((self.n_prev * x).sum(axis=0) > self.capacity).any():
+            return False
+        moved = (self.n_prev[:, :B] * np.abs(np.diff(x, axis=1)) + self.a[:, :B] * x[:, 1:]).sum(axis=0)
+        return not (moved > self.max_moves).any()
+
+
+def _model(units: Units, groups: Groups, window: int, W: int, cost: CostModel, capacity: int,
+           max_moves: int, slow_first: bool) -> _Model:
     """Per group and window: counts of units seen before (c_old) and first seen in (c_new)
     the window, pages seen before (n_prev) and first seen in (a) the window."""
+    G, gid = len(groups), groups.gid
     fw = units.first // window
     rw = units.row_frame // window
     g = gid[units.row_unit]
@@ -461,7 +514,159 @@ def _tables(units: Units, gid: np.ndarray, G: int, window: int, W: int):
     c_old = np.bincount(key, units.row_count * ~fresh, minlength=G * W).reshape(G, W)
     a = np.bincount(gid * W + fw, units.npages.astype(np.float64), minlength=G * W).reshape(G, W)
     n_prev = np.cumsum(a, axis=1) - a
-    return c_old, c_new, n_prev, a
+    if not slow_first:  # new units placed with their group, free
+        c_old, c_new = c_old + c_new, np.zeros_like(c_new)
+        n_prev, a = n_prev + a, np.zeros_like(a)
+    return _Model(c_old, c_new, n_prev, a, cost, capacity, max_moves, slow_first)
+
+
+def _seed_plan(model: _Model, groups: Groups, static: StaticPlan) -> np.ndarray | None:
+    """The static set as a plan: groups wholly in it, fast from the first window they can be;
+    None when the plan is infeasible (the rate limit cannot move its units in time)."""
+    G, W = model.G, model.W
+    in_static = np.bincount(groups.gid, static.fast.astype(np.float64), minlength=G)
+    members = np.bincount(groups.gid, minlength=G)
+    whole = (in_static == members) & (members > 0)
+    plan = np.zeros((G, W), bool)
+    plan[whole, (1 if model.slow_first else 0):] = True
+    return plan if model.feasible(plan) else None
+
+
+def _columns(model: _Model, unit: float):
+    """Per column (x[g, w] for G*W, then u[g, b] and d[g, b] for each boundary b = w -> w+1):
+    its cost, in units of ``unit`` seconds, its bounds, and the objective's constant."""
+    G, W, B = model.G, model.W, model.B
+    f, s, m = model.cost.fast_s, model.cost.slow_s, model.cost.page_move_s
+    nx, nb = G * W, G * B
+    ncol = nx + 2 * nb
+    cost_col = np.zeros(ncol)
+    cost_col[:nx] = ((f - s) * model.c_old).ravel() / unit
+    # new units joining a fast group at the next window are migrated
+    cost_col[:nx].reshape(G, W)[:, 1:] += m * model.a[:, :-1] / unit
+    mig = (m * model.n_prev[:, :B] / unit).ravel() if B else np.zeros(0)
+    cost_col[nx:nx + nb] = mig
+    cost_col[nx + nb:] = mig
+    const = float((s * model.c_old).sum() + (s * model.c_new).sum()) / unit
+    lower = np.zeros(ncol)
+    upper = np.full(ncol, np.inf)
+    upper[:nx] = 1.0
+    if model.slow_first:
+        upper[np.arange(G) * W] = 0.0  # nothing is on the fast node at the start
+    return cost_col, lower, upper, const
+
+
+def _rows(model: _Model):
+    """The constraints as (row, column, value) triples and row bounds: the moves u and d at
+    each boundary, the capacity in each window, and (if any) the rate limit at each boundary."""
+    G, W, B = model.G, model.W, model.B
+    nx, nb = G * W, G * B
+    n_prev, a = model.n_prev, model.a
+    rows, cols, vals, rlo, rhi = [], [], [], [], []
+    r = 0
+    gg = np.arange(G)
+    for b in range(B):
+        # u >= x[w+1] - x[w]  ->  x[w+1] - x[w] - u <= 0 ; d >= x[w] - x[w+1] -> x[w] - x[w+1] - d <= 0
+        for sign, off in ((1.0, nx), (-1.0, nx + nb)):
+            rid = r + gg
+            rows += [rid, rid, rid]
+            cols += [gg * W + b + 1, gg * W + b, off + gg * B + b]
+            vals += [np.full(G, sign), np.full(G, -sign), np.full(G, -1.0)]
+            rlo.append(np.full(G, -np.inf))
+            rhi.append(np.zeros(G))
+            r += G
+    for w in range(W):  # capacity: pages of fast groups present during w (new ones: slow)
+        rows.append(np.full(G, r))
+        cols.append(gg * W + w)
+        vals.append(n_prev[:, w].astype(np.float64))
+        rlo.append(np.array([-np.inf]))
+        rhi.append(np.array([float(model.capacity)]))
+        r += 1
+    if model.max_moves < (1 << 60):
+        for b in range(B):  # rate: pages moved at a boundary <= one interval's limit
+            rows += [np.full(G, r)] * 3
+            cols += [nx + gg * B + b, nx + nb + gg * B + b, gg * W + b + 1]
+            vals += [n_prev[:, b], n_prev[:, b], a[:, b]]
+            rlo.append(np.array([-np.inf]))
+            rhi.append(np.array([float(model.max_moves)]))
+            r += 1
+    return rows, cols, vals, rlo, rhi, r
+
+
+def _colwise(rows, cols, vals, ncol: int):
+    """The nonzero triples as a column-wise sparse matrix: (start, index, value)."""
+    R = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    C = np.concatenate(cols) if cols else np.zeros(0, np.int64)
+    V = np.concatenate(vals) if vals else np.zeros(0)
+    keep = V != 0
+    R, C, V = R[keep].astype(np.int64), C[keep].astype(np.int64), V[keep]
+    order = np.lexsort((R, C))
+    R, C, V = R[order], C[order], V[order]
+    start = np.searchsorted(C, np.arange(ncol + 1))
+    return start.astype(np.int32), R.astype(np.int32), V
+
+
+def _highs_lp(highspy, model: _Model, unit: float):
+    """The ILP as a ``highspy.HighsLp``, with its column and row counts."""
+    cost_col, lower, upper, const = _columns(model, unit)
+    ncol, nx = len(cost_col), model.G * model.W
+    rows, cols, vals, rlo, rhi, nrow = _rows(model)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = ncol, nrow
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost_col, lower, upper
+    lp.row_lower_ = np.concatenate(rlo) if rlo else np.zeros(0)
+    lp.row_upper_ = np.concatenate(rhi) if rhi else np.zeros(0)
+    lp.offset_ = const
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = _colwise(rows, cols, vals, ncol)
+    lp.integrality_ = ([highspy.HighsVarType.kInteger] * nx
+                       + [highspy.HighsVarType.kContinuous] * (ncol - nx))
+    return lp, ncol, nrow
+
+
+def _run_highs(highspy, lp, seed_plan: np.ndarray | None, time_left, mip_rel_gap: float,
+               threads: int):
+    """Solve ``lp`` from ``seed_plan`` (if any), quietly; ``time_left()``: seconds it may take.
+    Returns HiGHS's model status, its info and the column values."""
+    with _no_stdout():
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("log_to_console", False)
+        h.setOptionValue("time_limit", max(0.0, time_left()))
+        h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
+        h.setOptionValue("threads", int(threads))
+        h.setOptionValue("random_seed", 0)
+        h.passModel(lp)
+        if seed_plan is not None:
+            x = seed_plan.astype(np.float64)
+            dx = np.diff(x, axis=1)
+            start_sol = highspy.HighsSolution()
+            start_sol.col_value = np.concatenate([x.ravel(), np.maximum(dx, 0).ravel(),
+                                                  np.maximum(-dx, 0).ravel()]).tolist()
+            start_sol.value_valid = True
+            h.setSolution(start_sol)
+        h.run()
+        return (h.modelStatusToString(h.getModelStatus()), h.getInfo(),
+                np.asarray(h.getSolution().col_value))
+
+
+def _pick_plan(model: _Model, sol: np.ndarray, feasible_found: bool, seed_plan, seed_s: float,
+               status: str):
+    """The plan to keep: HiGHS's (if it found a feasible one), unless the static seed (of
+    time ``seed_s``) is better; all-slow when neither exists. Returns (plan, found,
+    from_seed, status)."""
+    G, W = model.G, model.W
+    found = feasible_found and len(sol) >= G * W
+    plan = sol[:G * W].reshape(G, W) > 0.5 if found else None
+    if plan is not None and not model.feasible(plan):  # rounding went wrong: do not trust it
+        plan, found = None, False
+    from_seed = False
+    if plan is None or (seed_plan is not None and seed_s < model.objective(plan)):
+        if seed_plan is not None:
+            plan, from_seed = seed_plan, True
+        else:  # all on the slow node is always feasible
+            plan = np.zeros((G, W), bool)
+            status = f"{status}, no plan found: all-slow used"
+    return plan, found, from_seed, status
 
 
 def solve(frames, capacity: int, cost: CostModel, *, rate_mb_s: float = 512.0,
@@ -488,143 +693,19 @@ def solve(frames, capacity: int, cost: CostModel, *, rate_mb_s: float = 512.0,
     static = best_static(None, capacity, cost, placement, units=units)
     groups = make_groups(units, group_pages, max_groups, coarsen=coarsen, window=window,
                          static_fast=static.fast if seed else None)
-    G = len(groups)
-    c_old, c_new, n_prev, a = _tables(units, groups.gid, G, window, W)
     slow_first = placement == "slow"
-    f, s, m = cost.fast_s, cost.slow_s, cost.page_move_s
-    unit = f  # the objective in units of one fast access keeps HiGHS's tolerances meaningful
-    if not slow_first:  # new units placed with their group, free
-        c_old, c_new = c_old + c_new, np.zeros_like(c_new)
-        n_prev, a = n_prev + a, np.zeros_like(a)
-
-    B = W - 1
-
-    def objective(plan: np.ndarray) -> float:
-        x = plan.astype(np.float64)
-        moved = (n_prev[:, :B] * np.abs(np.diff(x, axis=1))).sum() + (a[:, :B] * x[:, 1:]).sum()
-        return float((s * c_old).sum() + ((f - s) * c_old * x).sum() + (s * c_new).sum()
-                     + m * moved)
-
-    def feasible(plan: np.ndarray) -> bool:
-        x = plan.astype(np.float64)
-        if slow_first and x[:, 0].any():
-            return False
-        if ((n_prev * x).sum(axis=0) > capacity).any():
-            return False
-        moved = (n_prev[:, :B] * np.abs(np.diff(x, axis=1)) + a[:, :B] * x[:, 1:]).sum(axis=0)
-        return not (moved > max_moves).any()
-
-    # the static seed: groups wholly in the static set, fast from the first window they can be
-    seed_plan = None
-    if seed and G:
-        in_static = np.bincount(groups.gid, static.fast.astype(np.float64), minlength=G)
-        members = np.bincount(groups.gid, minlength=G)
-        whole = (in_static == members) & (members > 0)
-        seed_plan = np.zeros((G, W), bool)
-        seed_plan[whole, (1 if slow_first else 0):] = True
-        if not feasible(seed_plan):
-            seed_plan = None
-
-    # columns: x[g, w] (G*W), then u[g, b], d[g, b] for boundaries b = w -> w+1 (G*(W-1) each)
-    nx, nb = G * W, G * B
-    ncol = nx + 2 * nb
-    cost_col = np.zeros(ncol)
-    cost_col[:nx] = ((f - s) * c_old).ravel() / unit
-    # new units joining a fast group at the next window are migrated
-    cost_col[:nx].reshape(G, W)[:, 1:] += m * a[:, :-1] / unit
-    mig = (m * n_prev[:, :B] / unit).ravel() if B else np.zeros(0)
-    cost_col[nx:nx + nb] = mig
-    cost_col[nx + nb:] = mig
-    const = float((s * c_old).sum() + (s * c_new).sum()) / unit
-    lower = np.zeros(ncol)
-    upper = np.full(ncol, np.inf)
-    upper[:nx] = 1.0
-    if slow_first:
-        upper[np.arange(G) * W] = 0.0  # nothing is on the fast node at the start
-
-    rows, cols, vals, rlo, rhi = [], [], [], [], []
-    r = 0
-    gg = np.arange(G)
-    for b in range(B):
-        # u >= x[w+1] - x[w]  ->  x[w+1] - x[w] - u <= 0 ; d >= x[w] - x[w+1] -> x[w] - x[w+1] - d <= 0
-        for sign, off in ((1.0, nx), (-1.0, nx + nb)):
-            rid = r + gg
-            rows += [rid, rid, rid]
-            cols += [gg * W + b + 1, gg * W + b, off + gg * B + b]
-            vals += [np.full(G, sign), np.full(G, -sign), np.full(G, -1.0)]
-            rlo.append(np.full(G, -np.inf))
-            rhi.append(np.zeros(G))
-            r += G
-    for w in range(W):  # capacity: pages of fast groups present during w (new ones: slow)
-        size = n_prev[:, w]
-        rows.append(np.full(G, r))
-        cols.append(gg * W + w)
-        vals.append(size.astype(np.float64))
-        rlo.append(np.array([-np.inf]))
-        rhi.append(np.array([float(capacity)]))
-        r += 1
-    if max_moves < (1 << 60):
-        for b in range(B):  # rate: pages moved at a boundary <= one interval's limit
-            rows += [np.full(G, r)] * 3
-            cols += [nx + gg * B + b, nx + nb + gg * B + b, gg * W + b + 1]
-            vals += [n_prev[:, b], n_prev[:, b], a[:, b]]
-            rlo.append(np.array([-np.inf]))
-            rhi.append(np.array([float(max_moves)]))
-            r += 1
-    R = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-    C = np.concatenate(cols) if cols else np.zeros(0, np.int64)
-    V = np.concatenate(vals) if vals else np.zeros(0)
-    keep = V != 0
-    R, C, V = R[keep].astype(np.int64), C[keep].astype(np.int64), V[keep]
-    order = np.lexsort((R, C))
-    R, C, V = R[order], C[order], V[order]
-    start = np.searchsorted(C, np.arange(ncol + 1))
-
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = ncol, r
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost_col, lower, upper
-    lp.row_lower_ = np.concatenate(rlo) if rlo else np.zeros(0)
-    lp.row_upper_ = np.concatenate(rhi) if rhi else np.zeros(0)
-    lp.offset_ = const
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = start.astype(np.int32)
-    lp.a_matrix_.index_ = R.astype(np.int32)
-    lp.a_matrix_.value_ = V
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * nx + [highspy.HighsVarType.kContinuous] * (2 * nb)
-    with _no_stdout():
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("log_to_console", False)
-        h.setOptionValue("time_limit", max(0.0, float(time_limit) - (time.monotonic() - t_start)))
-        h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
-        h.setOptionValue("threads", int(threads))
-        h.setOptionValue("random_seed", 0)
-        h.passModel(lp)
-        if seed_plan is not None:
-            x = seed_plan.astype(np.float64)
-            dx = np.diff(x, axis=1)
-            start_sol = highspy.HighsSolution()
-            start_sol.col_value = np.concatenate([x.ravel(), np.maximum(dx, 0).ravel(),
-                                                  np.maximum(-dx, 0).ravel()]).tolist()
-            start_sol.value_valid = True
-            h.setSolution(start_sol)
-        h.run()
-        status = h.modelStatusToString(h.getModelStatus())
-        info = h.getInfo()
-        sol = np.asarray(h.getSolution().col_value)
-    found = len(sol) >= nx and int(info.primal_solution_status) == 2  # kSolutionStatusFeasible
-    plan = sol[:nx].reshape(G, W) > 0.5 if found else None
-    if plan is not None and not feasible(plan):  # rounding went wrong: do not trust it
-        plan, found = None, False
-    seed_s = objective(seed_plan) if seed_plan is not None else math.inf
-    from_seed = False
-    if plan is None or (seed_plan is not None and seed_s < objective(plan)):
-        if seed_plan is not None:
-            plan, from_seed = seed_plan, True
-        else:  # all on the slow node is always feasible
-            plan = np.zeros((G, W), bool)
-            status = f"{status}, no plan found: all-slow used"
-    obj = objective(plan)  # the plan's time, recomputed (exactly the model's objective)
+    model = _model(units, groups, window, W, cost, capacity, max_moves, slow_first)
+    seed_plan = _seed_plan(model, groups, static) if seed and len(groups) else None
+    unit = cost.fast_s  # the objective in units of one fast access keeps HiGHS's tolerances meaningful
+    lp, ncol, nrow = _highs_lp(highspy, model, unit)
+    status, info, sol = _run_highs(highspy, lp, seed_plan,
+                                   lambda: float(time_limit) - (time.monotonic() - t_start),
+                                   mip_rel_gap, threads)
+    seed_s = model.objective(seed_plan) if seed_plan is not None else math.inf
+    feasible_found = int(info.primal_solution_status) == 2  # kSolutionStatusFeasible
+    plan, found, from_seed, status = _pick_plan(model, sol, feasible_found, seed_plan, seed_s,
+                                                status)
+    obj = model.objective(plan)  # the plan's time, recomputed (exactly the model's objective)
     gap = float(info.mip_gap) if np.isfinite(info.mip_gap) else float("inf")
     bound = float(info.mip_dual_bound) * unit if np.isfinite(info.mip_dual_bound) else 0.0
     optimal = found and status == "Optimal" and gap <= max(mip_rel_gap, 1e-9) * 1.0001
@@ -637,7 +718,7 @@ def solve(frames, capacity: int, cost: CostModel, *, rate_mb_s: float = 512.0,
         bound_s=min(bound, obj), optimal=optimal, status=status, gap=max(0.0, gap),
         solve_s=time.monotonic() - t_start, exact_model=slow_first, capacity=int(capacity),
         max_moves=int(max_moves), static_model_s=seed_s, from_seed=from_seed,
-        info={"columns": ncol, "rows": r, "mip_nodes": int(info.mip_node_count),
+        info={"columns": ncol, "rows": nrow, "mip_nodes": int(info.mip_node_count),
               "seeded": seed_plan is not None},
     )
 
