@@ -4,6 +4,8 @@
 - Hot set per interval: the bytes of the units counted in at least ``hot_fraction`` of the last
   ``window`` intervals (persistently used, whatever a backend's count scale is).
 - Per-node residency: bytes of the pages seen, and of the hot set at the end, per NUMA node.
+- Split by kind of memory (anonymous, shmem, file): bytes of the units seen and the accesses
+  counted, per kind (a trace older than the ``kind`` column is anonymous memory throughout).
 - Hottest regions: runs of adjacent counted units ranked by one metric, each named by the
   mapping that holds it (/proc/PID/maps at record time) and by the ELF data/bss objects it
   overlaps. Metrics (``--metric``): ``freq``, the region's estimated accesses per second (the sum
@@ -18,6 +20,7 @@ import os
 
 import numpy as np
 
+from pagetier.core.sample import KIND_NAMES
 from pagetier.profiler.base import PAGE_SIZE
 
 MB = 1 << 20
@@ -93,6 +96,27 @@ def residency(trace, window: int = 5, hot_fraction: float = 0.5) -> dict:
             k = str(int(node[r]))
             hot[k] = hot.get(k, 0) + int(nbytes[r])
     return {"seen": dict(sorted(seen.items())), "hot": dict(sorted(hot.items()))}
+
+
+def kinds(trace) -> dict:
+    """Per kind of memory (KIND_NAMES), the bytes of the units in the trace (each (pid,
+    address) once, of the kind of its last row) and the accesses counted; kinds with neither
+    are left out."""
+    cnt = trace.column("count").astype(np.int64)
+    if not len(cnt):
+        return {}
+    kind = trace.column("kind")
+    keys = np.stack([trace.column("pid").astype(np.uint64), trace.column("addr")], 1)
+    _, last = np.unique(keys[::-1], axis=0, return_index=True)
+    last = len(cnt) - 1 - last
+    nbytes = _unit_bytes(trace.column("npages")[last])
+    out = {}
+    for code, name in enumerate(KIND_NAMES):
+        b = int(nbytes[kind[last] == code].sum())
+        a = int(cnt[kind == code].sum())
+        if b or a:
+            out[name] = {"bytes": b, "accesses": a}
+    return out
 
 
 def _mapping(maps: list, addr: int) -> str:
@@ -189,6 +213,7 @@ def summarize(trace, window: int = 5, hot_fraction: float = 0.5, top: int = 10,
         "peak_hot_set": max((r["hot_set"] for r in tl), default=0),
         "timeline": tl,
         "residency": residency(trace, window, hot_fraction),
+        "kinds": kinds(trace),
         "hottest": hottest(trace, top, metric),
     }
 
@@ -230,6 +255,13 @@ def render(rep: dict, max_rows: int = 20) -> str:
     for k in sorted(set(res["seen"]) | set(res["hot"]), key=int):
         lines.append(f"{(k if k != '-1' else '?'):>6} {_mb(res['seen'].get(k, 0)):>10} "
                      f"{_mb(res['hot'].get(k, 0)):>13}")
+    kd = rep.get("kinds") or {}
+    if kd:
+        total_acc = sum(v["accesses"] for v in kd.values())
+        lines += ["", f"{'kind':>6} {'MB':>10} {'accesses':>12} {'share':>6}"]
+        for name, v in kd.items():
+            share = v["accesses"] / total_acc if total_acc else 0.0
+            lines.append(f"{name:>6} {_mb(v['bytes']):>10} {v['accesses']:>12} {share:6.1%}")
     by_freq = rep.get("metric") == "freq"
     lines += ["", "hottest regions" + (" (by estimated accesses/s):" if by_freq else ":"),
               f"{'start':>14} {'MB':>7} {'share':>6} {'acc/s' if by_freq else 'per pg':>7}  what"]

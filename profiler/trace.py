@@ -12,13 +12,17 @@ One row per interval, process and mapping unit, with the columns in ``TRACE_COLU
     freq     float32  estimated accesses per second of the unit over the interval, on the one
                       scale every backend maps to (see each backend's docstring); NaN where the
                       backend gave no estimate
+    kind     uint8    the kind of memory of the unit: 0 anonymous, 1 shmem/tmpfs, 2 file
+                      (page cache); KIND_NAMES in pagetier/core/sample.py. 0 where the
+                      backend does not tell kinds
 
-Traces written before the ``freq`` column existed still load, as do rows with NaN: there
-``Trace.column("freq")`` and the Samples of ``intervals()`` hold the interval's count over the
-trace's nominal interval (``interval_s``), the same fallback as ``Sample.rates``: a lower bound
-(one count per scan at most). ``Trace.has_freq`` tells whether any row carries a backend's
-estimate. The format number stays 1: the new column is optional for readers, and an older
-pagetier reads a new trace, ignoring the column.
+Traces written before the ``kind`` column existed read as anonymous memory throughout
+(``Trace.has_kind`` is False). Traces written before the ``freq`` column existed still load,
+as do rows with NaN: there ``Trace.column("freq")`` and the Samples of ``intervals()`` hold
+the interval's count over the trace's nominal interval (``interval_s``), the same fallback as
+``Sample.rates``: a lower bound (one count per scan at most). ``Trace.has_freq`` tells
+whether any row carries a backend's estimate. The format number stays 1: the new columns are
+optional for readers, and an older pagetier reads a new trace, ignoring them.
 
 The schema's metadata key ``b"pagetier"`` holds JSON: ``format`` (1), ``backend``, ``mode``,
 ``interval_s``, ``pids``, ``command``, ``kernel``, ``page_size``, ``created`` and optional extras
@@ -42,6 +46,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from pagetier.errors import ConfigError, Unavailable
+from pagetier.core.sample import KIND_ANON
 from pagetier.profiler.base import PAGE_SIZE, Sample
 
 FORMAT = 1
@@ -56,8 +61,9 @@ TRACE_COLUMNS: dict[str, str] = {
     "count": "uint32",
     "node": "int16",
     "freq": "float32",
+    "kind": "uint8",
 }
-OPTIONAL_COLUMNS = ("freq",)  # older traces lack them
+OPTIONAL_COLUMNS = ("freq", "kind")  # older traces lack them
 META_KEYS = ("format", "backend", "mode", "interval_s", "pids", "command", "kernel", "page_size",
              "created")
 _ROW_GROUP = 1 << 20  # rows buffered before a row group is written
@@ -120,6 +126,8 @@ class TraceWriter:
             "node": sample.node,
             "freq": (sample.freq if len(sample.freq) == n
                      else np.full(n, np.nan, np.float32)),
+            "kind": (sample.kind if len(sample.kind) == n
+                     else np.full(n, KIND_ANON, np.uint8)),
         }
         for name, dt in TRACE_COLUMNS.items():
             self._parts[name].append(np.asarray(cols[name]).astype(dt, copy=False))
@@ -160,7 +168,7 @@ def write_trace(path, frames: Iterable[tuple[int, float, Sample]], meta: dict) -
 
 class Trace:
     """A recorded trace: ``meta`` (dict) and ``table`` (pyarrow Table with TRACE_COLUMNS; an
-    old trace's without ``freq``)."""
+    old trace's without ``freq`` or ``kind``)."""
 
     def __init__(self, table, meta: dict, path: str = ""):
         self.table = table
@@ -171,10 +179,13 @@ class Trace:
 
     def column(self, name: str) -> np.ndarray:
         """A column as numpy; ``freq`` with the backend's estimate where there is one and the
-        count over ``interval_s`` elsewhere (and in traces older than the column)."""
+        count over ``interval_s`` elsewhere (and in traces older than the column); ``kind``
+        anonymous throughout in traces older than its column."""
         if self._np is None:
             names = self.table.column_names
             self._np = {c: self.table.column(c).to_numpy() for c in TRACE_COLUMNS if c in names}
+            if "kind" not in self._np:
+                self._np["kind"] = np.full(self.table.num_rows, KIND_ANON, np.uint8)
             raw = self._np.get("freq")
             self._has_freq = raw is not None and bool(np.isfinite(raw).any())
             derived = (self._np["count"].astype(np.float64)
@@ -187,6 +198,11 @@ class Trace:
         """Whether any row carries a backend's frequency estimate (not only counts)."""
         self.column("freq")
         return self._has_freq
+
+    @property
+    def has_kind(self) -> bool:
+        """Whether the trace has the ``kind`` column (older ones are anonymous memory only)."""
+        return "kind" in self.table.column_names
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -222,7 +238,9 @@ class Trace:
                               npages=self.column("npages")[rows],
                               complete=bool(self.meta.get("complete", True)),
                               freq=(self.column("freq")[rows] if self.has_freq
-                                    else np.zeros(0, np.float32)))
+                                    else np.zeros(0, np.float32)),
+                              kind=(self.column("kind")[rows] if self.has_kind
+                                    else np.zeros(0, np.uint8)))
         if cur is not None:
             yield cur, cur_t, group
 

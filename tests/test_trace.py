@@ -376,6 +376,38 @@ def test_freq_round_trip_and_old_traces(tmp_path):
         read_trace(bad)
 
 
+# --- the kind column --------------------------------------------------------------------------
+def test_kind_round_trip_and_old_traces_read_as_anon(tmp_path):
+    """kind is written where the backend tells it (anon where it does not) and read back, into
+    the Samples too; a trace older than the column is anonymous memory throughout; the report
+    splits bytes and accesses by kind."""
+    from pagetier.core.sample import KIND_ANON, KIND_FILE, KIND_SHMEM
+    from pagetier.profiler import report
+
+    p = tmp_path / "k.parquet"
+    s = sample(n=3)  # counts 1, 2, 3
+    s.kind = np.array([KIND_SHMEM, KIND_FILE, KIND_ANON], np.uint8)
+    write_trace(p, [(0, 0.5, s), (1, 1.0, sample(n=2, start=3))], META)  # no kind: anon
+    tr = read_trace(p)
+    assert tr.has_kind and tr.column("kind").tolist() == [1, 2, 0, 0, 0]
+    (_, _, g0), (_, _, g1) = tr.intervals()
+    assert g0[7].kind.tolist() == [1, 2, 0] and g1[7].kind.tolist() == [0, 0]
+    assert report.kinds(tr) == {"anon": {"bytes": 3 * 4096, "accesses": 3 + 1 + 2},
+                                "shmem": {"bytes": 4096, "accesses": 1},
+                                "file": {"bytes": 4096, "accesses": 2}}
+    text = report.render(report.summarize(tr))
+    assert [ln.split()[0] for ln in text.splitlines()
+            if ln.split()[:1] in (["anon"], ["shmem"], ["file"])] == ["anon", "shmem", "file"]
+    old = tmp_path / "old.parquet"
+    pf = pq.read_table(p)
+    pq.write_table(pf.drop(["kind"]).replace_schema_metadata(pf.schema.metadata), old)
+    tr = read_trace(old)
+    assert not tr.has_kind and tr.column("kind").tolist() == [0] * 5
+    (_, _, g0), _ = tr.intervals()
+    assert len(g0[7].kind) == 0
+    assert list(report.kinds(tr)) == ["anon"]
+
+
 def test_replay_and_stub_carry_freq(tmp_path):
     p = tmp_path / "t.parquet"
     s = sample(n=3)
