@@ -9,6 +9,7 @@ program's ELF file, so that ``pagetier report`` can name what is hot on another 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -160,6 +161,115 @@ class Progress:
             self.stream.write("\n")
 
 
+def _accessed(s: Sample) -> Sample:
+    """``s`` with only the units accessed in the interval (a count or a frequency above 0);
+    every per-unit column comes along."""
+    keep = s.count > 0
+    if len(s.freq) == len(s):
+        keep |= s.freq > 0
+    per_unit = {f.name: getattr(s, f.name)[keep] for f in dataclasses.fields(s)
+                if isinstance(getattr(s, f.name), np.ndarray) and len(getattr(s, f.name)) == len(s)}
+    return dataclasses.replace(s, **per_unit, complete=False, span=None)
+
+
+def _attach(profiler: Profiler, pids: list[int]) -> dict:
+    """Attach ``profiler`` to every pid (all of them alive first); their descriptions."""
+    for pid in pids:
+        if not _alive(pid):
+            raise PagetierError(f"record: no such process {pid}")
+    procs = {}
+    for pid in pids:
+        try:
+            profiler.attach(pid)
+        except ProcessLookupError as e:
+            raise PagetierError(f"record: {e}") from None
+        procs[pid] = describe_process(pid)
+    return procs
+
+
+def _trace_meta(profiler: Profiler, pids: list[int], interval_s: float, all_pages: bool,
+                meta: dict | None, procs: dict) -> dict:
+    """The trace's metadata at the start (the process details are added by :func:`_finish`)."""
+    m = {"backend": profiler.name, "interval_s": float(interval_s), "pids": list(pids),
+         "kernel": platform.release(), "complete": bool(all_pages)}
+    m.update(meta or {})
+    m.setdefault("mode", getattr(profiler, "mode", ""))
+    m.setdefault("command", _command(procs[pids[0]]))
+    return m
+
+
+def _read(profiler: Profiler, pid: int, all_pages: bool) -> Sample | None:
+    """One read of ``pid`` (None when it has gone); without ``all_pages``, the accessed units
+    only. pagetier.ko is read in full and filtered here (the read path checked in the VM for
+    both modes); other backends filter themselves."""
+    native = profiler.name != "kmod"
+    try:
+        s = profiler.read(pid, reset=True, accessed_only=not all_pages and native)
+    except (ProcessLookupError, PagetierError) as e:
+        if not _alive(pid):
+            return None
+        raise PagetierError(f"record: reading pid {pid}: {e}") from None
+    return s if all_pages or native else _accessed(s)
+
+
+def _describe_again(procs: dict, pid: int, interval: int) -> None:
+    """A program maps more as it runs: its maps are read again each interval (up to a size),
+    or its whole description while its command line reads empty (read during execve: the
+    new memory has no argument area yet)."""
+    if not procs[pid]["cmdline"] and interval < DESCRIBE_AGAIN:
+        procs[pid] = describe_process(pid)
+    elif len(procs[pid]["maps"]) < 400000:
+        newer = read_maps(pid)
+        if newer:
+            procs[pid]["maps"] = newer
+
+
+def _wait(next_t: float, t0: float, duration: float | None, stop) -> bool:
+    """Sleep until the next read (or the end of ``duration``); whether ``stop()`` asked to
+    stop (Ctrl-C or SIGTERM: there is one last read, so the counts since the last are kept)."""
+    if stop is not None and stop():
+        return True
+    wake = next_t if duration is None else min(next_t, t0 + duration)
+    time.sleep(max(0.0, wake - time.monotonic()))
+    return stop is not None and stop()
+
+
+def _read_all(profiler: Profiler, w, live: list[int], procs: dict, interval: int, t: float,
+              all_pages: bool, nodes: bool, child) -> int:
+    """Read every live pid into the trace writer ``w`` (dropping the ones that have exited);
+    the pages accessed in the interval."""
+    pages = 0
+    for pid in list(live):
+        if not _alive(pid) or (child is not None and child.pid == pid and child.poll() is not None):
+            live.remove(pid)
+            continue
+        s = _read(profiler, pid, all_pages)
+        if s is None:
+            live.remove(pid)
+            continue
+        if nodes and len(s):
+            fill_nodes(s)
+        w.add(interval, t, s)
+        pages += int((s.count > 0).sum())
+        _describe_again(procs, pid, interval)
+    return pages
+
+
+def _detach(profiler: Profiler, pids: list[int]) -> dict:
+    """The backend's stats per pid, then detach from each (a pid gone meanwhile is skipped)."""
+    stats = {}
+    for pid in pids:
+        try:
+            stats[str(pid)] = profiler.stats(pid)
+        except (PagetierError, ProcessLookupError, OSError):
+            pass
+        try:
+            profiler.detach(pid)
+        except (PagetierError, ProcessLookupError, OSError):
+            pass
+    return stats
+
+
 def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: float = 1.0,
                  duration: float | None = None, all_pages: bool = False, nodes: bool = True,
                  meta: dict | None = None, child: subprocess.Popen | None = None,
@@ -174,28 +284,9 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
     if interval_s <= 0:
         raise ConfigError("record: the interval must be positive")
     progress = progress or Progress(False)
-    procs = {}
-    for pid in pids:
-        if not _alive(pid):
-            raise PagetierError(f"record: no such process {pid}")
-    for pid in pids:
-        try:
-            profiler.attach(pid)
-        except ProcessLookupError as e:
-            raise PagetierError(f"record: {e}") from None
-        procs[pid] = describe_process(pid)
-    m = {"backend": profiler.name, "interval_s": float(interval_s), "pids": list(pids),
-         "kernel": platform.release(), "complete": bool(all_pages)}
-    m.update(meta or {})
-    m.setdefault("mode", getattr(profiler, "mode", ""))
-    m.setdefault("command", _command(procs[pids[0]]))
-    # A program maps more as it runs: maps are read again each interval, and the process
-    # details go into the metadata when the run ends (_finish rewrites the file once).
+    procs = _attach(profiler, pids)
+    m = _trace_meta(profiler, pids, interval_s, all_pages, meta, procs)
     live = list(pids)
-    # kmod is read in full and filtered here: the read path verified in the VM (fault and abit).
-    # (An earlier empty fault-mode trace was blamed on the module's accessed-only read; the cause
-    # was the recorder being starved, fixed below. The accessed-only read is not re-checked.)
-    native_ao = profiler.name != "kmod"
     pages_total, t0 = 0, time.monotonic()
     tmp = out + ".partial"
     interval = 0
@@ -204,47 +295,10 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
         # The duration is checked after each read, so a recorder starved of CPU (seen in the
         # test VM while pagetier.ko's fault mode scans) still reads at least once.
         while live:
-            # Ctrl-C or SIGTERM: one last read, so the counts since the last read are kept.
-            stopping = stop is not None and stop()
-            if not stopping:
-                wake = next_t if duration is None else min(next_t, t0 + duration)
-                time.sleep(max(0.0, wake - time.monotonic()))
-                stopping = stop is not None and stop()
+            stopping = _wait(next_t, t0, duration, stop)
             t = time.monotonic() - t0
             next_t = max(next_t + interval_s, time.monotonic())  # late: no burst of reads
-            pages = 0
-            for pid in list(live):
-                if not _alive(pid) or (child is not None and child.pid == pid
-                                       and child.poll() is not None):
-                    live.remove(pid)
-                    continue
-                try:
-                    s = profiler.read(pid, reset=True, accessed_only=not all_pages and native_ao)
-                    if not all_pages and not native_ao:
-                        keep = s.count > 0
-                        if len(s.freq) == len(s):
-                            keep |= s.freq > 0
-                        s = Sample(s.pid, s.addr[keep], s.count[keep], s.node[keep],
-                                   s.npages[keep], complete=False,
-                                   freq=s.freq[keep] if len(s.freq) == len(keep)
-                                   else np.zeros(0, np.float32))
-                except (ProcessLookupError, PagetierError) as e:
-                    if not _alive(pid):
-                        live.remove(pid)
-                        continue
-                    raise PagetierError(f"record: reading pid {pid}: {e}") from None
-                if nodes and len(s):
-                    fill_nodes(s)
-                w.add(interval, t, s)
-                pages += int((s.count > 0).sum())
-                if not procs[pid]["cmdline"] and interval < DESCRIBE_AGAIN:
-                    # read while the process was in execve (a command just started: its new
-                    # memory has no argument area yet, and /proc shows an empty command line)
-                    procs[pid] = describe_process(pid)
-                elif len(procs[pid]["maps"]) < 400000:
-                    newer = read_maps(pid)
-                    if newer:
-                        procs[pid]["maps"] = newer
+            pages = _read_all(profiler, w, live, procs, interval, t, all_pages, nodes, child)
             pages_total += pages
             progress.show(t, interval, pages, w.rows + w._buffered, tmp)
             interval += 1
@@ -252,17 +306,8 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
                 break
         rows = w.rows + w._buffered
     progress.done()
-    stats = {}
-    for pid in pids:
-        try:
-            stats[str(pid)] = profiler.stats(pid)
-        except (PagetierError, ProcessLookupError, OSError):
-            pass
-        try:
-            profiler.detach(pid)
-        except (PagetierError, ProcessLookupError, OSError):
-            pass
-    # Write the final file with the process details (maps, symbols) in its metadata.
+    stats = _detach(profiler, pids)
+    # The final file has the process details (maps, symbols) in its metadata.
     _finish(tmp, out, {str(p): v for p, v in procs.items()}, _command(procs[pids[0]]))
     return {"output": out, "intervals": interval, "rows": rows, "seconds": time.monotonic() - t0,
             "backend": profiler.name, "pids": list(pids), "pages_accessed": pages_total,
