@@ -1,43 +1,36 @@
 """The daemon loop: every interval read the profiler, ask the policy, move within budget and rate.
 
-One interval (:meth:`Daemon.step`):
+One interval (:meth:`Daemon.step`) is the Step of pagetier/core/step.py, the one the trace
+simulator runs too:
 
 1. each target's counts (``profiler.read(pid, reset=True, accessed_only=...)``: the units
    accessed since the last read, and every tracked unit at a target's first read) merged into
-   the PageState. Cold and unmapped units are found by a complete read spread over
-   FULL_READ_EVERY intervals: each interval, before the counts, one part of the target's
-   address space (``profiler.read_part``) tells the state which units exist there (or, with a
-   profiler that cannot read parts, every tracked unit every FULL_READ_EVERY intervals),
-   as rates (accesses/s over the time since the target's last read, or the profiler's own
-   frequency estimate);
+   the PageState as rates (accesses/s over the time since the target's last read, or the
+   profiler's own frequency estimate). Cold and unmapped units are found by a complete read
+   spread over FULL_READ_EVERY intervals: each interval, before the counts, one part of the
+   target's address space (``profiler.read_part``) tells the state which units exist there
+   (or, with a profiler that cannot read parts, every tracked unit every FULL_READ_EVERY
+   intervals);
 2. units of unknown node looked up with ``mover.query_nodes``;
-3. the policy's Decision, given a Context with the fast budget, the rate limit in pages (the
-   smaller of ``--rate`` and what the migration throughput measured so far moves in about one
-   interval: daemon/executor.py) and
-   the fast capacity: what the fast node can hold for the targets (their units on it plus its
-   room above the high watermark). When that is below the budget the node is the limit, and
-   the policy exchanges: it demotes colder units to make room for hotter ones;
-4. the move planner (pagetier/core/planner.py, the simulator's too): demotions first (the
-   policy's, then the daemon's own when the targets are over budget, coldest first), then the
-   promotions that fit in the budget left, the rate left and the fast node's room — the
-   daemon enforces all three whatever the policy returns;
-5. the moves (daemon/executor.py over ``mover.move``; nothing in a dry run), recorded in the
-   state; the promotions are planned again after the demotions ran (the kernel may refuse
-   some); units whose pages
-   are gone are forgotten, a full node (ENOMEM) ends this interval's moves, so does the
-   interval's time (no move_pages call starts more than two intervals after the moves began:
-   the rest is ``deferred``, planned again at the next interval), units whose move
-   failed for good (EACCES: shared pages) are left alone for STUCK_RETRY intervals;
-   promotions stop ROOM_MARGIN above the fast node's high watermark (move_pages into a node
-   without room reclaims and retries page by page before it says ENOMEM); after demotions
-   in the same step they may go into that margin by up to the pages demoted, never under
-   the watermark;
-   the fast budget counts the pages the daemon can move: fast pages the kernel refused to
-   move (mapped by other processes too) are reported apart, as ``fast_unmovable``;
+3. the policy's Decision, given a Context with the fast budget and the fast node's capacity
+   (daemon/fastnode.py: what the node can hold for the targets, their units on it plus its
+   room above the high watermark; below the budget the node is the limit, and the policy
+   exchanges) and the rate limit in pages (the smaller of ``--rate`` and what the migration
+   throughput measured so far moves in THROUGHPUT_HEADROOM intervals: daemon/executor.py);
+4. the move planner (pagetier/core/planner.py): demotions first (the policy's, then the
+   planner's own when the targets are over budget, coldest first), then the promotions that
+   fit in the budget left, the rate left and the fast node's room: the daemon enforces all
+   three whatever the policy returns;
+5. the moves (daemon/moves.py over daemon/executor.py and ``mover.move``; nothing in a dry
+   run), recorded in the state: demotions, then the promotions planned again on what the
+   demotions left, with the room read again. Units whose pages are gone are forgotten, a
+   full node (ENOMEM) ends this interval's moves, so does the interval's time (the rest is
+   ``deferred``), units whose move failed for good (EACCES: shared pages) are left alone for
+   STUCK_RETRY intervals; fast pages the kernel refused to move (mapped by other processes
+   too) are outside the budget, reported as ``fast_unmovable``;
 6. a stats dict (with ``limit``: the limit that kept wanted units off the fast node,
-   "budget", "node", "rate", "throughput" (the migration throughput measured so far, when
-   what it moves in an interval is below ``--rate``) or None), printed as a JSON line (``--json``) or a short human line, and written to
-   the status file that ``pagetier status`` reads.
+   "budget", "node", "rate", "throughput" or None), printed as a JSON line (``--json``) or a
+   short human line, and written to the status file that ``pagetier status`` reads.
 
 The first interval ends as soon as the profiler has its first frequency estimate of every
 target (pagetier.ko: the first scan whose probes measured the units accessed since attach; two

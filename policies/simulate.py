@@ -5,12 +5,15 @@ daemon's PageState, a ``policies.base.Context`` per interval, and the daemon's o
 (``pagetier.core.planner.plan``: budget, rate and node room). Instead of ``move_pages`` it keeps
 the placement in the PageState and charges a cost model.
 
-One interval, as in ``Daemon.step``:
+One interval, through the daemon's own step (``pagetier.core.step.Step``, with a mover that
+records the moves in the PageState and a clock that reads the frames' timestamps):
 
 1. the frame's samples are merged into the PageState, each unit reported on the node where the
    simulator has it; a unit seen for the first time is placed by ``placement``: ``slow`` (first
    touch on the slow node, like a program started outside pagetier's budget) or
-   ``fast-first`` (on the fast node while the capacity lasts, then on the slow node);
+   ``fast-first`` (on the fast node while the capacity lasts, then on the slow node).
+   A frame's rates are its counts per interval: the daemon weighs a read by the seconds it
+   covers, since its reads come at uneven times; a replay's frames are one interval each;
 2. the interval's accesses are charged where their pages were at the start of the interval:
    moves decided at the end of interval i take effect for interval i+1;
 3. the policy decides, with ``fast_budget`` = the capacity and ``max_moves`` = the rate limit;

@@ -19,6 +19,13 @@ simulator's bookkeeping), the clock (the daemon's, or the frames' timestamps) an
 (the daemon's budget, rate, throughput and node room, or the simulated capacity and rate).
 The Context class is passed in too: it is the policies' (pagetier.policies.base.Context), a
 layer above this one.
+
+Each :class:`Read` says how to weigh its sample. The daemon weighs a read by the seconds it
+covers (its reads come at uneven times: early after an idle read, at the profiler's period
+ends) and clips counts to the scans those seconds hold; the simulator replays a frame as one
+interval (``elapsed_s = interval_s``: rates are counts per interval) with its counts as
+recorded. The policies' thresholds are set on those simulated rates: with the builtin traces
+(read every 0.5 s) weighed in seconds instead, a third of bench sim's runs decide otherwise.
 """
 from __future__ import annotations
 
