@@ -222,6 +222,16 @@ def _desired(units: Units, want_unit: np.ndarray, state) -> np.ndarray:
     return out
 
 
+def _follow(units: Units, want_unit: np.ndarray, state, ctx: Context):
+    """The moves that bring ``state`` to ``want_unit`` (per unit of ``units``): (promote,
+    demote) indices of the wanted units present and not on the fast node, and of the other
+    units found there."""
+    desired = _desired(units, want_unit, state)
+    fast = state.node == ctx.fast_node
+    return (np.flatnonzero(desired & ~fast & (state.node >= 0)),
+            np.flatnonzero(~desired & fast))
+
+
 class StaticPolicy(Policy):
     """Keeps a :class:`StaticPlan`'s units on the fast node: promotes each one present and not
     there yet (at the end of the interval that first shows it; again later if the rate limit
@@ -243,10 +253,8 @@ class StaticPolicy(Policy):
         stats = {"static_units": int(self.plan.fast.sum())}
         if not len(state):
             return Decision(stats=stats)
-        desired = _desired(self.plan.units, self.plan.fast, state)
-        fast = state.node == ctx.fast_node
-        return Decision(promote=np.flatnonzero(desired & ~fast & (state.node >= 0)),
-                        demote=np.flatnonzero(~desired & fast), stats=stats)
+        promote, demote = _follow(self.plan.units, self.plan.fast, state, ctx)
+        return Decision(promote=promote, demote=demote, stats=stats)
 
 
 # ----------------------------------------------------------------------------- groups
@@ -751,11 +759,7 @@ class OraclePolicy(Policy):
         if nxt >= res.frames or nxt % res.window or not len(state):
             return Decision(promote=none, demote=none, stats={"oracle_window": k // res.window})
         want = res.plan[:, nxt // res.window]
-        groups = res.groups
-        desired = _desired(groups.units, want[groups.gid], state)
-        fast = state.node == ctx.fast_node
-        promote = np.flatnonzero(desired & ~fast & (state.node >= 0))
-        demote = np.flatnonzero(~desired & fast)
+        promote, demote = _follow(res.groups.units, want[res.groups.gid], state, ctx)
         return Decision(promote=promote, demote=demote,
                         stats={"oracle_window": nxt // res.window,
                                "fast_groups": int(want.sum())})
