@@ -12,8 +12,10 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+
 # Sample and the page sizes live in the core (the daemon and the policies use them too); the
 # backends import them from here
+from pagetier.core.arrays import unique
 from pagetier.core.sample import Sample  # noqa: F401
 from pagetier.core.units import HUGE_PAGES, HUGE_SIZE, PAGE_SIZE  # noqa: F401
 from pagetier.core.registry import registrar
@@ -164,7 +166,7 @@ def thp_blocks(pid: int, addrs: np.ndarray) -> np.ndarray:
     addrs = np.asarray(addrs, np.uint64)
     if not len(addrs):
         return np.zeros(0, np.uint64)
-    bases = np.unique(addrs & ~np.uint64(HUGE_SIZE - 1))
+    bases = unique(addrs & ~np.uint64(HUGE_SIZE - 1))
     try:
         pm = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
     except OSError:

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagetier.core.arrays import unique
 from pagetier.core.sample import Sample
 
 NEVER = np.iinfo(np.int32).min
@@ -302,7 +303,7 @@ class PageState:
         self._account(idx, -1)
         self._a["node"][idx] = node
         self._account(idx, 1)
-        self._pool_join(np.unique(idx))
+        self._pool_join(unique(idx))
 
     # ------------------------------------------------------------------ candidates
     def touched(self) -> np.ndarray:
@@ -750,7 +751,7 @@ class PageState:
         511 pages besides it until their parts are read again."""
         if not self._became:
             return
-        starts = np.unique(np.concatenate(self._became))
+        starts = unique(np.concatenate(self._became))
         self._became = []
         k = self.keys()
         lo = np.searchsorted(k, starts + np.uint64(1))
@@ -802,7 +803,7 @@ class PageState:
             self.pids[t] = -1
 
     def forget(self, idx: np.ndarray) -> None:
-        gone = np.unique(np.asarray(idx, np.int64))
+        gone = unique(np.asarray(idx, np.int64))
         if not len(gone):
             return
         self._account(gone, -1)
@@ -826,7 +827,7 @@ class PageState:
     def mark_stuck(self, idx: np.ndarray) -> None:
         """Units whose move failed for good: the daemon leaves them until :meth:`unstick`, and
         they count as unmovable (outside the fast budget) until a move of theirs succeeds."""
-        idx = np.unique(np.asarray(idx, np.int64))
+        idx = unique(np.asarray(idx, np.int64))
         self._account(idx, -1)
         self._a["flags"][idx] |= np.uint8(F_STUCK | F_UNMOVABLE)
         self._account(idx, 1)
@@ -844,7 +845,7 @@ class PageState:
         return (self._a["flags"][idx] & F_UNMOVABLE) != 0
 
     def record_moves(self, idx: np.ndarray, node: int) -> None:
-        idx = np.unique(np.asarray(idx, np.int64))
+        idx = unique(np.asarray(idx, np.int64))
         a = self._a
         self._account(idx, -1)
         a["node"][idx] = node
