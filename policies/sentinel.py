@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagetier.errors import ConfigError
 from pagetier.policies.base import Annotation, Context, Decision, Policy, register
 from pagetier.policies.heuristic import Heuristic, fill_budget, plan_moves
+from pagetier.policies.rules.config import check_shared, option_error
 from pagetier.core.units import PAGE_SIZE
 
 log = logging.getLogger("pagetier.policies")
@@ -102,21 +102,14 @@ class Sentinel(Policy):
         min_heat: float = 1.0  # unannotated memory colder than this is not promoted
 
         def check(self):
-            def bad(key, why):
-                raise ConfigError(f"policy sentinel: option {key!r} {why}, got {getattr(self, key)!r}")
-
+            bad = option_error("sentinel", self)
             if self.lookahead < 1:
                 bad("lookahead", "must be >= 1")
-            if not 0 < self.high_watermark <= 1:
-                bad("high_watermark", "must be in (0, 1]")
-            if not 0 < self.low_watermark <= self.high_watermark:
-                bad("low_watermark", f"must be in (0, high_watermark={self.high_watermark}]")
+            check_shared(self, bad)
             if self.small_object_bytes < 0:
                 bad("small_object_bytes", "must be >= 0")
             if self.short_lived_layers < 0:
                 bad("short_lived_layers", "must be >= 0")
-            if not self.min_heat >= 0:
-                bad("min_heat", "must be >= 0")
 
     def __init__(self, config=None):
         super().__init__(config)

@@ -10,6 +10,25 @@ from dataclasses import dataclass
 from pagetier.errors import ConfigError
 
 
+def option_error(policy: str, config):
+    """``bad(key, why)``: raises the one-line error for option ``key`` of ``config``."""
+    def bad(key: str, why: str):
+        raise ConfigError(f"policy {policy}: option {key!r} {why}, got {getattr(config, key)!r}")
+
+    return bad
+
+
+def check_shared(config, bad) -> None:
+    """The options heuristic and sentinel both take: min_heat >= 0 and the watermarks,
+    0 < low <= high <= 1."""
+    if not config.min_heat >= 0:
+        bad("min_heat", "must be >= 0")
+    if not 0 < config.high_watermark <= 1:
+        bad("high_watermark", "must be in (0, 1]")
+    if not 0 < config.low_watermark <= config.high_watermark:
+        bad("low_watermark", f"must be in (0, high_watermark={config.high_watermark}]")
+
+
 @dataclass
 class Config:
     min_heat: float = 1.0  # colder units are never promoted
@@ -41,16 +60,8 @@ class Config:
     per_page: bool = True  # rank units by heat per page (False: by each unit's heat)
 
     def check(self):
-        def bad(key, why):
-            value = getattr(self, key)
-            raise ConfigError(f"policy heuristic: option {key!r} {why}, got {value!r}")
-
-        if not self.min_heat >= 0:
-            bad("min_heat", "must be >= 0")
-        if not 0 < self.high_watermark <= 1:
-            bad("high_watermark", "must be in (0, 1]")
-        if not 0 < self.low_watermark <= self.high_watermark:
-            bad("low_watermark", f"must be in (0, high_watermark={self.high_watermark}]")
+        bad = option_error("heuristic", self)
+        check_shared(self, bad)
         if self.min_residency < 0:
             bad("min_residency", "must be >= 0")
         if not self.margin >= 0:
