@@ -61,3 +61,17 @@ def test_all_pages_keeps_idle_units(tmp_path):
         proc.wait()
     tr = read_trace(out)
     assert len(tr) == 4 * summary["intervals"] and tr.meta["complete"] is True
+
+
+def test_stop_child_ends_and_reaps_a_command_even_one_that_ignores_sigterm():
+    from pagetier.cli import stop_child
+
+    plain = subprocess.Popen(["sleep", "30"])
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; echo ready; exec sleep 30"],
+                                stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout.readline() == "ready\n"  # SIGTERM ignored, across the exec too
+    stop_child(plain)
+    stop_child(stubborn, timeout=0.2)
+    assert plain.returncode == -15 and stubborn.returncode == -9
+    stop_child(plain)  # already ended: nothing to do
+    stop_child(None)

@@ -139,3 +139,18 @@ def check_profiler_options(backend: str, options: dict, where: str = "") -> None
         pre = f"{where}: " if where else ""
         raise ConfigError(f"{pre}profiler {backend!r} has no option {bad[0]!r} "
                           f"(its options: {', '.join(known)})")
+
+
+def stop_child(child, timeout: float = 10.0) -> None:
+    """End a command pagetier started (``subprocess.Popen`` or None) if it still runs: SIGTERM,
+    then SIGKILL after ``timeout`` seconds; either way it is reaped."""
+    import subprocess
+
+    if child is None or child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()

@@ -8,7 +8,7 @@ import subprocess
 
 import click
 
-from pagetier.cli import check_output, check_profiler_options
+from pagetier.cli import check_output, check_profiler_options, stop_child
 from pagetier.errors import ConfigError, PagetierError
 from pagetier.profiler.base import create
 from pagetier.profiler.record import Progress, record_trace
@@ -113,13 +113,7 @@ def command(backend, options, pid_text, interval_ms, duration, output, all_pages
         for s, h in old.items():
             signal.signal(s, h)
         profiler.close()
-        if child is not None and child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        stop_child(child)
     if child is not None:
         summary["exit_status"] = child.returncode
     _print_summary(summary, as_json)

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from pagetier.cli import stop_child
 from pagetier.daemon import config as config_mod
 from pagetier.daemon.status import remove_stale_status
 from pagetier.errors import ConfigError, PagetierError
@@ -160,13 +161,7 @@ def command(cmd, **kw):
         daemon.adopt(child)
         rc = daemon.run()
     except BaseException:
-        ch = daemon.child
-        if ch is not None and ch.poll() is None:
-            ch.terminate()
-            try:
-                ch.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                ch.kill()
+        stop_child(daemon.child)
         daemon.profiler.close()
         daemon.numab.restore()
         daemon.close_control()
