@@ -30,6 +30,7 @@ import logging
 import numpy as np
 
 from pagetier.core import mover as mover_mod
+from pagetier.core.arrays import unique
 from pagetier.core.state import NEVER, PageState
 from pagetier.core.units import PAGE_SIZE
 from pagetier.daemon.clock import Clock
@@ -78,7 +79,7 @@ class Executor:
         if not len(idx):
             return True
         pids = st.pid_of(idx)
-        chunks = [(pid, chunk) for pid in np.unique(pids).tolist()
+        chunks = [(pid, chunk) for pid in unique(pids).tolist()
                   for chunk in self._chunks(idx[pids == pid])]
         ok = True
         t0, before = self.clock.monotonic(), acc["moved_pages"]
@@ -223,7 +224,7 @@ class Executor:
             return
         unknown = np.flatnonzero(st.node < 0)
         pids = st.pid_of(unknown)
-        for pid in np.unique(pids).tolist():
+        for pid in unique(pids).tolist():
             sel = unknown[pids == pid]
             try:
                 nodes = query(int(pid), st.addresses(sel))

@@ -18,6 +18,7 @@ import numpy as np
 
 from pagetier import uapi
 from pagetier.errors import ConfigError, PagetierError, Unavailable
+from pagetier.core.arrays import unique
 from pagetier.core.sample import KIND_ANON, KIND_FILE, KIND_SHMEM
 from pagetier.profiler.base import HUGE_PAGES, Profiler, Sample, part_span, register
 
@@ -473,7 +474,7 @@ class KmodProfiler(Profiler):
         One address per 2 MiB region is enough."""
         if not self.has_regions or not len(addrs):
             return
-        regions = np.unique(np.asarray(addrs, np.uint64) & ~np.uint64(uapi.REGION_SIZE - 1))
+        regions = unique(np.asarray(addrs, np.uint64) & ~np.uint64(uapi.REGION_SIZE - 1))
         try:
             self.dev.unmark(pid, regions)
         except KmodError as e:
