@@ -25,6 +25,7 @@ from pagetier.policies.base import Annotation, Context
 from pagetier.policies.sentinel import accessed_objects
 from pagetier.profiler.base import PAGE_SIZE, Sample
 
+from polled import polled
 from test_daemon_unit import make_daemon
 
 PID = 1000
@@ -240,11 +241,6 @@ def ask(s, data: bytes) -> dict:
     return json.loads(buf)
 
 
-def serving(server, stop):
-    while not stop.is_set():
-        server.poll(0.02)
-
-
 @pytest.fixture
 def echo_server(tmp_path):
     seen = []
@@ -259,12 +255,8 @@ def echo_server(tmp_path):
         return {"echo": req["op"]}
 
     srv = control.ControlServer(tmp_path / "c.sock", handler)
-    stop = threading.Event()
-    th = threading.Thread(target=serving, args=(srv, stop), daemon=True)
-    th.start()
-    yield srv, seen, handled
-    stop.set()
-    th.join()
+    with polled(srv.poll):
+        yield srv, seen, handled
     srv.close()
 
 
@@ -301,24 +293,20 @@ def test_connections_per_user_are_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(control, "peer_cred",
                         lambda s: control.Peer(real(s).pid, uid["next"], real(s).gid))
     srv = control.ControlServer(tmp_path / "c.sock", lambda peer, req: {"uid": peer.uid})
-    stop = threading.Event()
-    th = threading.Thread(target=serving, args=(srv, stop), daemon=True)
-    th.start()
     try:
-        held = [connect(srv.path) for _ in range(control.MAX_PER_USER)]
-        for s in held:
-            assert ask(s, b'{"op": "status"}\n') == {"ok": True, "uid": 1000}
-        extra = connect(srv.path)
-        r = json.loads(extra.makefile("rb").readline())  # said at once, then closed
-        assert r["ok"] is False and "too many connections from uid 1000" in r["error"], r
-        uid["next"] = 0
-        root = connect(srv.path)
-        assert ask(root, b'{"op": "status"}\n') == {"ok": True, "uid": 0}
-        for s in [*held, extra, root]:
-            s.close()
+        with polled(srv.poll):
+            held = [connect(srv.path) for _ in range(control.MAX_PER_USER)]
+            for s in held:
+                assert ask(s, b'{"op": "status"}\n') == {"ok": True, "uid": 1000}
+            extra = connect(srv.path)
+            r = json.loads(extra.makefile("rb").readline())  # said at once, then closed
+            assert r["ok"] is False and "too many connections from uid 1000" in r["error"], r
+            uid["next"] = 0
+            root = connect(srv.path)
+            assert ask(root, b'{"op": "status"}\n') == {"ok": True, "uid": 0}
+            for s in [*held, extra, root]:
+                s.close()
     finally:
-        stop.set()
-        th.join()
         srv.close()
 
 
@@ -373,17 +361,8 @@ def daemon(tmp_path):
                     control_socket=tmp_path / "ctl.sock", clock=Clock())
     d.open_control()
     assert d.control is not None
-    stop = threading.Event()
-
-    def loop():
-        while not stop.is_set():
-            d._serve(0.02)
-
-    th = threading.Thread(target=loop, daemon=True)
-    th.start()
-    yield d
-    stop.set()
-    th.join()
+    with polled(d._serve):
+        yield d
     d.close_control()
 
 
@@ -424,17 +403,13 @@ def test_client_not_managed(tmp_path):
     d = make_daemon(tmp_path, policy="sentinel", pids=(4242,), control_socket=tmp_path / "c.sock",
                     clock=Clock())
     d.open_control()
-    stop = threading.Event()
-    th = threading.Thread(target=lambda: [d._serve(0.02) for _ in iter(stop.is_set, True)], daemon=True)
-    th.start()
     try:
-        a = annotate.Annotator(d.control.path)
-        with pytest.warns(RuntimeWarning, match="is not managed by this pagetier daemon"):
-            a.add_layer(1)
-        assert a.enabled is False
+        with polled(d._serve):
+            a = annotate.Annotator(d.control.path)
+            with pytest.warns(RuntimeWarning, match="is not managed by this pagetier daemon"):
+                a.add_layer(1)
+            assert a.enabled is False
     finally:
-        stop.set()
-        th.join()
         d.close_control()
     assert not (tmp_path / "c.sock").exists()
 
