@@ -31,18 +31,23 @@ class FullReads(Profiler):
                       kind=np.array([KIND_ANON, KIND_SHMEM, KIND_FILE, KIND_FILE], np.uint8))
 
 
-def test_kmod_reads_keep_only_accessed_units_with_their_kind(tmp_path):
+def record_sleep(prof, out, **options):
+    """``record_trace`` of a ``sleep`` (a harmless process of its own) for 0.1 s; the trace
+    and the summary."""
     proc = subprocess.Popen(["sleep", "30"])
     try:
-        prof = FullReads()
-        out = tmp_path / "k.parquet"
         summary = record_trace(prof, [proc.pid], str(out), interval_s=0.05, duration=0.1,
-                               nodes=False)
+                               nodes=False, **options)
     finally:
         proc.kill()
         proc.wait()
+    return read_trace(out), summary
+
+
+def test_kmod_reads_keep_only_accessed_units_with_their_kind(tmp_path):
+    prof = FullReads()
+    tr, summary = record_sleep(prof, tmp_path / "k.parquet")
     assert prof.asked and not any(prof.asked)  # read in full...
-    tr = read_trace(out)
     n = summary["intervals"]
     assert n >= 1 and len(tr) == 2 * n  # ...and only the accessed units written
     assert tr.column("count").tolist() == [5, 2] * n
@@ -51,15 +56,7 @@ def test_kmod_reads_keep_only_accessed_units_with_their_kind(tmp_path):
 
 
 def test_all_pages_keeps_idle_units(tmp_path):
-    proc = subprocess.Popen(["sleep", "30"])
-    try:
-        out = tmp_path / "k.parquet"
-        summary = record_trace(FullReads(), [proc.pid], str(out), interval_s=0.05,
-                               duration=0.1, all_pages=True, nodes=False)
-    finally:
-        proc.kill()
-        proc.wait()
-    tr = read_trace(out)
+    tr, summary = record_sleep(FullReads(), tmp_path / "k.parquet", all_pages=True)
     assert len(tr) == 4 * summary["intervals"] and tr.meta["complete"] is True
 
 
