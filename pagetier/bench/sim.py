@@ -239,31 +239,79 @@ def format_table(rows: list[dict], statics: list[dict] | None = None) -> str:
     return "\n".join(out)
 
 
+CLIP_RATIO = 3.0  # a policy this many times further from static than the next is drawn clipped
+
+
+def _plot_limit(rows: list[dict]) -> float:
+    """The x range (|time vs static|, as a fraction) that shows the policies' differences:
+    the largest distance, unless one policy (first-touch, typically) is more than
+    CLIP_RATIO times further than every other; then its bars are clipped."""
+    far = {}
+    for r in rows:
+        far[r["policy"]] = max(far.get(r["policy"], 0.0), abs(r["vs_static"]))
+    top = sorted(far.values(), reverse=True) + [0.0, 0.0]
+    limit = top[1] * 1.35 if top[0] > CLIP_RATIO * top[1] > 0 else top[0] * 1.2
+    return max(limit, 0.01)
+
+
 def plot(rows: list[dict], path) -> None:
-    """Estimated slowdown against fast-tier capacity, one line per policy, one panel per trace."""
+    """Each run's estimated time against the best static placement of its trace and capacity,
+    one panel per trace: a bar per policy and capacity from 0 (static) with its value written
+    at its end, so that policies which tie stay visible and the axis shows differences of a
+    fraction of a percent. A policy far off the others (first-touch) is clipped at the edge,
+    its value still written, marked with an arrow."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    runs = [r for r in rows if r["policy"] != "static"]
+    traces = list(dict.fromkeys(r["trace"] for r in runs))
+    policies = list(dict.fromkeys(r["policy"] for r in runs))
+    caps = list(dict.fromkeys(r["capacity"] for r in runs))
+    colours = plt.get_cmap("viridis")(np.linspace(0.15, 0.8, max(len(caps), 1)))
     ncols = min(4, len(traces))
     nrows = -(-len(traces) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
+    height = 0.9 + 0.2 * len(policies) * len(caps)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, height * nrows), squeeze=False)
     for ax in axes.flat[len(traces):]:
         ax.set_visible(False)
+    step = len(caps) + 1  # one row per capacity, and a blank row between policies
     for ax, tr in zip(axes.flat, traces):
-        sub = [r for r in rows if r["trace"] == tr]
-        for pol in dict.fromkeys(r["policy"] for r in sub):
-            pts = sorted((r["capacity_pages"] / max(r["footprint_pages"], 1) * 100, r["slowdown"])
-                         for r in sub if r["policy"] == pol)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol,
-                    linestyle={"oracle": "--", "static": ":"}.get(pol, "-"))
+        sub = [r for r in runs if r["trace"] == tr]
+        limit = _plot_limit(sub) * 100
+        pad = 0.02 * limit
+        for r in sub:
+            v = r["vs_static"] * 100
+            j = caps.index(r["capacity"])
+            y = policies.index(r["policy"]) * step + j
+            shown = max(-limit, min(limit, v))
+            ax.barh(y, shown, color=colours[j], height=0.8)
+            text = f"{v:+.1f}%" if abs(v) >= 0.05 or v == 0 else f"{v:+.2f}%"
+            if shown != v:  # clipped: the value inside the bar, an arrow past its end
+                ax.annotate("", (shown + 6 * pad, y), (shown, y),
+                            arrowprops={"arrowstyle": "->", "lw": 0.8})
+                ax.text(shown - pad, y, text, va="center", ha="right", fontsize=6.5,
+                        color="white")
+            else:
+                ax.text(shown + (pad if v >= 0 else -pad), y, text, va="center",
+                        ha="left" if v >= 0 else "right", fontsize=6.5)
+        ax.set_yticks([i * step + (len(caps) - 1) / 2 for i in range(len(policies))], policies,
+                      fontsize=8)
+        ax.set_ylim(len(policies) * step - 1, -1)
+        ax.axvline(0, color="k", lw=0.8)
+        lo = max(-limit, min([0.0] + [r["vs_static"] * 100 for r in sub]))
+        hi = min(limit, max([0.0] + [r["vs_static"] * 100 for r in sub]))
+        room = 0.22 * (hi - lo or 1.0)  # for the value labels past the bars' ends
+        ax.set_xlim(lo - (room if lo < 0 else pad), hi + room)
         ax.set_title(tr, fontsize=9)
-        ax.set_xlabel("fast-tier capacity (% of footprint)")
-        ax.set_ylabel("estimated slowdown vs all-fast")
-        ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize=8)
-    fig.tight_layout()
+        ax.set_xlabel("est. time vs best static placement (%)", fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(axis="x", alpha=0.3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours[:len(caps)]]
+    fig.legend(handles, caps, title="fast capacity", fontsize=7, title_fontsize=7,
+               loc="upper right")
+    fig.tight_layout(rect=(0, 0, 1 - 0.6 / (4.6 * ncols), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -105,7 +105,8 @@ def command():
               help="At most this many time windows in the oracle's ILP.")
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
 @click.option("-o", "--plot", "plot_path", type=click.Path(dir_okay=False),
-              help="Write a plot of slowdown vs capacity (PNG).")
+              help="Write a plot of each run's time against the best static placement "
+                   "(PNG, SVG or PDF).")
 def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns, migrate_us,
               migrate_mb_s, accesses_per_count, rate, placement, rl_model, no_oracle,
               oracle_time_limit, oracle_budget, oracle_groups, oracle_windows, as_json, plot_path):
