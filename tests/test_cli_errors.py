@@ -174,7 +174,8 @@ def test_builtin_traces_are_named_as_report_and_heatmap_take_them(files, capsys)
             assert e.code == 0, capsys.readouterr().err
         return capsys.readouterr().out
 
-    assert "builtin:NAME" in run("bench", "traces")
+    listing = run("bench", "traces")
+    assert "builtin:NAME" in listing and str(builtin_traces.TRACE_DIR) in listing  # and where
     name = builtin_traces.names()[0]
     assert "hottest regions" in run("report", f"builtin:{name}")
     assert "segment(s)" in run("heatmap", f"builtin:{name}", "--ascii")
