@@ -305,13 +305,13 @@ def plot(rows: list[dict], path) -> None:
         hi = min(limit, max([0.0] + [r["vs_static"] * 100 for r in sub]))
         room = 0.22 * (hi - lo or 1.0)  # for the value labels past the bars' ends
         ax.set_xlim(lo - (room if lo < 0 else pad), hi + room)
-        ax.set_title(tr, fontsize=9)
+        ax.set_title(tr if len(tr) <= 44 else tr[:43] + "…", fontsize=9)
         ax.set_xlabel("est. time vs best static placement (%)", fontsize=8)
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(axis="x", alpha=0.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours[:len(caps)]]
-    fig.legend(handles, caps, title="fast capacity", fontsize=7, title_fontsize=7,
-               loc="upper right")
-    fig.tight_layout(rect=(0, 0, 1 - 0.6 / (4.6 * ncols), 1))
+    fig.legend(handles, [f"fast capacity {c}" for c in caps], fontsize=7, loc="lower center",
+               ncol=len(caps), frameon=False)
+    fig.tight_layout(rect=(0, 0.3 / (height * nrows), 1, 1))  # room for the legend below
     fig.savefig(path, dpi=110)
     plt.close(fig)
