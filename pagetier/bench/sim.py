@@ -254,7 +254,7 @@ def _plot_limit(rows: list[dict]) -> float:
     return max(limit, 0.01)
 
 
-def plot(rows: list[dict], path) -> None:
+def figure(rows: list[dict]):
     """Each run's estimated time against the best static placement of its trace and capacity,
     one panel per trace: a bar per policy and capacity from 0 (static) with its value written
     at its end, so that policies which tie stay visible and the axis shows differences of a
@@ -313,5 +313,13 @@ def plot(rows: list[dict], path) -> None:
     fig.legend(handles, [f"fast capacity {c}" for c in caps], fontsize=7, loc="lower center",
                ncol=len(caps), frameon=False)
     fig.tight_layout(rect=(0, 0.3 / (height * nrows), 1, 1))  # room for the legend below
+    return fig
+
+
+def plot(rows: list[dict], path) -> None:
+    """:func:`figure` of ``rows``, written to ``path`` (its suffix says the format)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows)
     fig.savefig(path, dpi=110)
     plt.close(fig)
