@@ -12,7 +12,12 @@ the slow node. The scenarios (``scenarios()``):
   random page anywhere, THP on and off: does the placement hold once cold pages look warm too?
 - fuller: the fast node has less free memory than the budget, and the hot window moves: the new
   hot window fits only if the old one makes room (the node, not the budget, is the limit);
-- phases: the hot window alternates between two regions that do not both fit.
+- phases: the hot window alternates between two regions that do not both fit;
+- shmem and file: noise0, noise100, fuller and phases again (``NAME-shmem``, ``NAME-file``) with
+  the workload's buffer in shared memory (MAP_SHARED|MAP_ANONYMOUS), or a file mapped
+  MAP_SHARED on an ext4 the guest mounts for the run (FileSystem: /tmp is a tmpfs, whose pages
+  are shmem), dirtied as the hot part is written, read back and checked at the end. The report
+  sets each beside the same scenario on anonymous memory (format_kinds).
 
 Before the workload starts its accesses (it waits for SIGUSR1), the manager is set up, and the
 fast node's free memory is cut to the same size for every configuration by reserving the rest as
@@ -41,12 +46,13 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from pagetier.bench import kernel_tiering, live_table
@@ -67,6 +73,11 @@ TICK_MS = 1000
 HUGE = 2 << 20
 FAST, SLOW = 0, 1
 RESULT_NAME = "bench-live.json"
+# the kinds of memory a scenario's workload can have (hotcold --memory)
+MEMORY_KINDS = ("anon", "shmem", "file")
+MEMORY_DESCRIPTIONS = {"anon": "", "shmem": " of shared memory (MAP_SHARED|MAP_ANONYMOUS)",
+                       "file": " of a file on ext4, MAP_SHARED"}
+KIND_SCENARIOS = ("noise0", "noise100", "fuller", "phases")  # also run on shmem and a file
 VMSTAT_KEYS = ("pgmigrate_success", "pgpromote_success", "pgdemote_kswapd", "pgdemote_direct",
                "numa_hint_faults", "thp_migration_success", "thp_migration_split",
                "thp_migration_fail", "thp_split_page")
@@ -90,8 +101,12 @@ class Spec:
     mode: str = "fault"
     scan_period_ms: int | None = None  # None: the daemon's default (a quarter of interval_s)
     interval_s: float = 1.0  # the daemon's --interval in pagetier's runs
+    memory: str = "anon"  # the workload's buffer: anon, shmem or file (MEMORY_KINDS)
 
     def check(self) -> None:
+        if self.memory not in MEMORY_KINDS:
+            raise ConfigError(f"bench live: memory must be one of {', '.join(MEMORY_KINDS)}, "
+                              f"got {self.memory!r}")
         if self.seconds < 2 or self.phase < 0:
             raise ConfigError("bench live: --seconds must be >= 2 and --phase >= 0")
         if not (0 < self.hot_mb <= self.size_mb):
@@ -106,10 +121,13 @@ class Spec:
         """What the fast node has free (above its promotion watermark) when a run starts."""
         return self.budget_mb if self.node_free_mb is None else self.node_free_mb
 
-    def workload_args(self) -> list[str]:
+    def workload_args(self, file: Path | None = None) -> list[str]:
+        """hotcold's arguments; ``file``: the path of a file-mapped scenario's file."""
         args = ["--size", str(self.size_mb), "--hot", str(self.hot_mb), "--start-node", str(SLOW),
                 "--fast-node", str(FAST), "--duration", str(self.seconds), "--phase",
                 str(self.phase), "--tick-ms", str(TICK_MS), "--wait"]
+        if self.memory != "anon":
+            args += ["--memory", f"file:{file}" if self.memory == "file" else self.memory]
         if self.noise_ppm:
             args += ["--noise-ppm", str(self.noise_ppm)]
         if self.cold_rate:
@@ -119,14 +137,15 @@ class Spec:
         return args
 
     def describe(self) -> str:
-        what = [f"{self.size_mb} MiB, hot {self.hot_mb} MiB"]
+        what = [f"{self.size_mb} MiB{MEMORY_DESCRIPTIONS[self.memory]}, hot {self.hot_mb} MiB"]
         if self.phase:
             what.append(f"moving every {self.phase} s")
         if self.noise_ppm:
             what.append(f"noise {self.noise_ppm} ppm")
         if self.cold_rate:
             what.append(f"cold touches {self.cold_rate}/s")
-        what.append("THP" if self.thp else "no THP")
+        if self.memory == "anon":  # shmem and page cache are 4 KiB pages here
+            what.append("THP" if self.thp else "no THP")
         free = "" if self.node_free_mb is None else f", node free {self.node_free_mb} MiB"
         every = "" if self.interval_s == 1.0 else f"; pagetier interval {self.interval_s:g} s"
         return f"{', '.join(what)}; budget {self.budget_mb} MiB{free}; {self.seconds} s{every}"
@@ -146,6 +165,11 @@ def scenarios() -> dict[str, Spec]:
     # back to B and C less a page each time: after the first phase, two regions alternate
     out["phases"] = Spec("phases", "phases", seconds=30, phase=5, size_mb=288, hot_mb=96,
                          budget_mb=128)
+    # the same scenarios on shared memory and on a shared file mapping: families shmem, file
+    for kind in MEMORY_KINDS[1:]:
+        for base in KIND_SCENARIOS:
+            s = replace(out[base], name=f"{base}-{kind}", family=kind, memory=kind)
+            out[s.name] = s
     return out
 
 
@@ -272,6 +296,44 @@ class FastCapacity:
             self.path.write_text("0\n")
 
 
+class FileSystem:
+    """A disk-backed file system for the file-mapped scenarios: ext4 made in an image file and
+    mounted through a loop device. The guest's /tmp is a tmpfs, whose pages are shmem, not page
+    cache of a file system that writes back; ext4 migrates dirty page cache without writing it
+    back. The image's own pages (tmpfs, behind the loop device) are allocated whole on the slow
+    node before it is made, so that writeback during a run takes no memory of the fast node."""
+
+    def __init__(self, size_mb: int, root: Path = Path("/tmp/pagetier-live")):
+        self.size_mb, self.root = size_mb, root
+        self.image, self.mnt = root / "ext4.img", root / "mnt"
+        self.mounted = False
+
+    def __enter__(self) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.mnt.mkdir(exist_ok=True)
+        bind = ["numactl", f"--membind={SLOW}"] if shutil.which("numactl") else []
+        self._sh([*bind, "fallocate", "-l", f"{self.size_mb}M", str(self.image)])
+        self._sh(["modprobe", "-q", "loop"], check=False)
+        self._sh(["modprobe", "-q", "ext4"], check=False)
+        self._sh(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0",
+                  str(self.image)])
+        self._sh(["mount", "-o", "loop", str(self.image), str(self.mnt)])
+        self.mounted = True
+        return self.mnt
+
+    def __exit__(self, *exc) -> None:
+        if self.mounted:
+            self._sh(["umount", str(self.mnt)], check=False)
+            self.mounted = False
+        self.image.unlink(missing_ok=True)
+
+    @staticmethod
+    def _sh(argv: list[str], check: bool = True) -> None:
+        p = subprocess.run(argv, capture_output=True, text=True)
+        if check and p.returncode != 0:
+            raise PagetierError(f"{' '.join(argv)}: {(p.stderr or p.stdout).strip()[:200]}")
+
+
 class PageTracker:
     """Where the workload's buffer is, once a second: MB on the fast node, pages moved and
     ping-pongs, from one 4 KiB page in every ``stride`` (TRACK_STRIDE), scaled up.
@@ -396,136 +458,211 @@ def _set_sysctls(numab: str, demotion: str) -> None:
         kernel_tiering.write_sysctl(kernel_tiering.DEMOTION, demotion)
 
 
-def run_config(name: str, spec: Spec, log=print) -> dict:
-    """One configuration against a fresh workload; its record (see live_table)."""
-    from pagetier.workload import binary
+class ConfigRun:
+    """One configuration against a fresh workload, in named steps (run_config calls them in
+    order): the manager set up, the workload started and ready, pagetier's daemon forked, the
+    fast node cut to the scenario's free memory, the run watched once a second until the
+    workload ends, its record completed; :meth:`cleanup` undoes what was set up, whatever
+    happened. ``file_dir``: where a file-mapped scenario's file goes (a disk-backed file
+    system, see FileSystem)."""
 
-    rec: dict = {"scenario": spec.name, "config": name, "runnable": True, "phase_s": spec.phase,
-                 "hot_mb": spec.hot_mb, "notes": []}
-    manager = None
-    if name == "kernel":
-        manager = kernel_tiering.KernelTiering(FAST, SLOW)
-    elif name == "damos":
-        manager = kernel_tiering.DamosTiering(FAST, SLOW)
-    if manager is not None:
-        why = manager.probe()
-        if why:
-            rec.update(runnable=False, reason=why)
-            return rec
-    _set_sysctls("0", "false")
-    if manager is not None:
-        manager.start()
-    capacity = FastCapacity(FAST)
-    daemon_pid = daemon_fd = None
-    proc = None
-    try:
-        argv = [str(binary()), *spec.workload_args()]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
-        wl = Lines(proc.stdout.fileno())
-        ready = None
-        while ready is None and not wl.eof:
-            select.select([wl.fd], [], [], 5)
-            evs = wl.read()
-            ready = next((e for e in evs if e.get("event") == "ready"), None)
-        if ready is None:
-            raise PagetierError(f"{name}: the workload exited before it was ready ({argv})")
-        pid = ready["pid"]
-        dm = None
-        dstats: list[dict] = []
-        if name.startswith("pagetier:"):
-            daemon_pid, daemon_fd = fork_daemon(pid, name.split(":", 1)[1], spec)
-            dm = Lines(daemon_fd)
-            deadline = time.monotonic() + 300
-            while not dstats and not dm.eof and time.monotonic() < deadline:
-                select.select([daemon_fd], [], [], 5)
-                dstats += [e for e in dm.read() if "interval" in e]
-            if not dstats:
-                raise PagetierError(f"{name}: the daemon did not start (see its output above)")
-        promo = config_mod.zone_watermark(FAST, "promo", page_size=PAGE)  # read once: a watermark boost moves it
-        reached = capacity.set(spec.free_mb() * 2**20 + promo)
-        rec["fast_capacity_mb"] = round((reached - promo) / 2**20, 1)
-        tracker = PageTracker(pid, ready["addr"], ready["size"])
+    DAEMON_TOTALS = ("promoted", "demoted", "bytes_moved", "ping_pongs", "failed", "nomem",
+                     "busy", "clipped", "deferred")
+    DAEMON_KEYS = ("t", "early", "looked", "units", "promoted", "demoted", "fast_used", "cpu_s",
+                   "wall_s", "deferred", "clipped", "limit", "rate_pages", "throughput_mb_s",
+                   "merge_s", "decide_s", "move_s", "profiler_scan_s", "policy", "errors",
+                   "fast_capacity", "fast_room")
+
+    def __init__(self, name: str, spec: Spec, log=print, file_dir: Path | None = None):
+        self.name, self.spec, self.log = name, spec, log
+        self.rec: dict = {"scenario": spec.name, "config": name, "runnable": True,
+                          "phase_s": spec.phase, "hot_mb": spec.hot_mb, "memory": spec.memory,
+                          "notes": []}
+        self.file = None
+        if spec.memory == "file":
+            if file_dir is None:
+                raise PagetierError(f"{spec.name}: a file-mapped scenario needs a file system")
+            self.file = Path(file_dir) / "hotcold.buf"
+        self.manager = None
+        self.capacity = FastCapacity(FAST)
+        self.proc = self.wl = self.ready = None
+        self.daemon_pid = self.daemon_fd = self.dm = None
+        self.dstats: list[dict] = []
+        self.ticks: list[dict] = []
+        self.samples: list[dict] = []
+
+    def start_manager(self) -> bool:
+        """Sysctls to no migration, and the kernel's or DAMOS's tiering started for those
+        configurations; False (the record says why) when it cannot run here."""
+        if self.name == "kernel":
+            self.manager = kernel_tiering.KernelTiering(FAST, SLOW)
+        elif self.name == "damos":
+            self.manager = kernel_tiering.DamosTiering(FAST, SLOW)
+        if self.manager is not None:
+            why = self.manager.probe()
+            if why:
+                self.rec.update(runnable=False, reason=why)
+                self.manager = None
+                return False
+        _set_sysctls("0", "false")
+        if self.manager is not None:
+            self.manager.start()
+        return True
+
+    def start_workload(self) -> int:
+        """hotcold started (it waits for SIGUSR1); its pid once it is ready."""
+        from pagetier.workload import binary
+
+        argv = [str(binary()), *self.spec.workload_args(self.file)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+        self.wl = Lines(self.proc.stdout.fileno())
+        while self.ready is None and not self.wl.eof:
+            select.select([self.wl.fd], [], [], 5)
+            self.ready = next((e for e in self.wl.read() if e.get("event") == "ready"), None)
+        if self.ready is None:
+            raise PagetierError(f"{self.name}: the workload exited before it was ready ({argv})")
+        return self.ready["pid"]
+
+    def start_daemon(self, pid: int) -> None:
+        """For a pagetier configuration, the daemon forked on ``pid``, once it reported its
+        first interval."""
+        if not self.name.startswith("pagetier:"):
+            return
+        self.daemon_pid, self.daemon_fd = fork_daemon(pid, self.name.split(":", 1)[1], self.spec)
+        self.dm = Lines(self.daemon_fd)
+        deadline = time.monotonic() + 300
+        while not self.dstats and not self.dm.eof and time.monotonic() < deadline:
+            select.select([self.daemon_fd], [], [], 5)
+            self.dstats += [e for e in self.dm.read() if "interval" in e]
+        if not self.dstats:
+            raise PagetierError(f"{self.name}: the daemon did not start (see its output above)")
+
+    def cut_capacity(self) -> int:
+        """The fast node's free memory cut to the scenario's, plus the promotion watermark;
+        the free memory reached (bytes)."""
+        # read once: a watermark boost moves it
+        promo = config_mod.zone_watermark(FAST, "promo", page_size=PAGE)
+        reached = self.capacity.set(self.spec.free_mb() * 2**20 + promo)
+        self.rec["fast_capacity_mb"] = round((reached - promo) / 2**20, 1)
+        return reached
+
+    def mgr_cpu(self):
+        """CPU seconds of whatever decides and moves (None: not measurable)."""
+        if self.daemon_pid is not None:
+            return kernel_tiering.thread_cpu_s(self.daemon_pid)
+        return self.manager.cpu_s() if self.manager is not None else None
+
+    def prof_cpu(self):
+        """pagetier.ko's scan time so far, from the daemon's last line (None: no daemon)."""
+        if self.daemon_pid is None:
+            return None
+        return self.dstats[-1].get("profiler_scan_s", 0.0) if self.dstats else 0.0
+
+    def watch(self, pid: int) -> None:
+        """SIGUSR1 to the workload, then its ticks and the daemon's lines as they come and the
+        bench's own look once a second, until the workload ends."""
+        spec, name, wl = self.spec, self.name, self.wl
+        tracker = PageTracker(pid, self.ready["addr"], self.ready["size"])
         vm0 = vmstats()
-        mig0 = vm0["pgmigrate_success"]
-
-        def mgr_cpu():
-            if daemon_pid is not None:
-                return kernel_tiering.thread_cpu_s(daemon_pid)
-            return manager.cpu_s() if manager is not None else None
-
-        def prof_cpu():
-            if daemon_pid is None:
-                return None
-            return dstats[-1].get("profiler_scan_s", 0.0) if dstats else 0.0
-
-        cpu0, prof0 = mgr_cpu(), prof_cpu()
-        log(f"[{spec.name} {name}] workload pid {pid}: {spec.describe()}; first touched on node "
-            f"{SLOW}; fast node free {reached / 2**20:.0f} MiB ({spec.free_mb()} MiB + the "
-            f"promotion watermark); go")
+        self.vm0, mig0 = vm0, vm0["pgmigrate_success"]
+        cpu0, prof0 = self.mgr_cpu(), self.prof_cpu()
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGUSR1)
-        ticks, samples = [], []
+        self.proc.send_signal(signal.SIGUSR1)
         next_sample = t0 + 1.0
         while not wl.eof:
-            fds = [wl.fd] + ([daemon_fd] if dm is not None and not dm.eof else [])
+            fds = [wl.fd] + ([self.daemon_fd] if self.dm is not None and not self.dm.eof else [])
             ready_fds, _, _ = select.select(fds, [], [], max(0.0, next_sample - time.monotonic()))
             if wl.fd in ready_fds:
                 for e in wl.read():
                     if e.get("event") == "tick":
-                        ticks.append(e)
+                        self.ticks.append(e)
                     elif e.get("event") == "done":
-                        rec["done"] = e
-            if dm is not None and daemon_fd in ready_fds:
-                dstats += [e for e in dm.read() if "interval" in e]
+                        self.rec["done"] = e
+            if self.dm is not None and self.daemon_fd in ready_fds:
+                self.dstats += [e for e in self.dm.read() if "interval" in e]
             now = time.monotonic()
-            if now >= next_sample and "done" not in rec and now - t0 <= spec.seconds + 0.5:
+            if now >= next_sample and "done" not in self.rec and now - t0 <= spec.seconds + 0.5:
                 t = now - t0
                 fast_mb = tracker.sample(t)
+                next_sample += 1.0
                 if fast_mb is None:  # the workload is exiting
-                    next_sample += 1.0
                     continue
-                c, p = mgr_cpu(), prof_cpu()
-                samples.append({
+                c, p = self.mgr_cpu(), self.prof_cpu()
+                self.samples.append({
                     "t": round(t, 2), "fast_mb": round(fast_mb, 1), "moved_pages": tracker.moved,
                     "ping_pongs": tracker.ping_pongs,
                     "pgmigrate": vmstat("pgmigrate_success") - mig0,
                     "mgr_cpu_s": None if c is None else round(c - cpu0, 3),
                     "prof_cpu_s": None if p is None else round(p - prof0, 3)})
-                next_sample += 1.0
-                if ticks:
-                    log(f"[{spec.name} {name}] t={t:4.0f}s hot set on fast "
-                        f"{max(ticks[-1]['fast_fraction'], 0) * 100:5.1f}%, workload on fast "
-                        f"{fast_mb:6.1f} MB, migrated {samples[-1]['pgmigrate'] * PAGE / 2**20:6.1f} MB, "
-                        f"pp {tracker.ping_pongs}")
-        rc = proc.wait()
+                if self.ticks:
+                    migrated = self.samples[-1]["pgmigrate"] * PAGE / 2**20
+                    self.log(f"[{spec.name} {name}] t={t:4.0f}s hot set on fast "
+                             f"{max(self.ticks[-1]['fast_fraction'], 0) * 100:5.1f}%, workload "
+                             f"on fast {fast_mb:6.1f} MB, migrated {migrated:6.1f} MB, "
+                             f"pp {tracker.ping_pongs}")
+
+    def finish(self) -> dict:
+        """The record completed once the workload has exited: vmstat growth, the memory check
+        (and a file-mapped scenario's file read back), the daemon's totals and lines."""
+        rec = self.rec
+        rc = self.proc.wait()
         vm1 = vmstats()
-        rec["vmstat"] = {k: vm1[k] - vm0[k] for k in vm0}
+        rec["vmstat"] = {k: vm1[k] - self.vm0[k] for k in self.vm0}
         rec["memory_ok"] = rc == 0 and rec.get("done", {}).get("pages_corrupt", 1) == 0
-        rec.update(ticks=ticks, samples=samples)
-        if daemon_pid is not None:
-            rec["daemon_totals"] = {k: sum(s.get(k, 0) for s in dstats)
-                                    for k in ("promoted", "demoted", "bytes_moved", "ping_pongs",
-                                              "failed", "nomem", "busy", "clipped", "deferred")}
-            keys = ("t", "early", "looked", "units", "promoted", "demoted", "fast_used", "cpu_s",
-                    "wall_s", "deferred", "clipped", "limit", "rate_pages", "throughput_mb_s",
-                    "merge_s", "decide_s", "move_s", "profiler_scan_s", "policy", "errors",
-                    "fast_capacity", "fast_room")
-            rec["daemon_stats"] = [{k: s.get(k) for k in keys} for s in dstats]
-        if isinstance(manager, kernel_tiering.DamosTiering):
-            rec["damos_applied_bytes"] = manager.applied_bytes()
-        rec["notes"] = _notes(name)
+        if self.file is not None:
+            from pagetier.workload import check_file
+
+            checked, bad = check_file(self.file, self.ready["size"])
+            rec["file_check"] = {"pages_checked": checked, "pages_corrupt": len(bad)}
+            rec["memory_ok"] = rec["memory_ok"] and not bad
+        rec.update(ticks=self.ticks, samples=self.samples)
+        if self.daemon_pid is not None:
+            rec["daemon_totals"] = {k: sum(s.get(k, 0) for s in self.dstats)
+                                    for k in self.DAEMON_TOTALS}
+            errors: dict[str, int] = {}
+            for s in self.dstats:
+                for k, v in (s.get("errors") or {}).items():
+                    errors[k] = errors.get(k, 0) + v
+            rec["daemon_totals"]["errors"] = errors
+            rec["daemon_stats"] = [{k: s.get(k) for k in self.DAEMON_KEYS} for s in self.dstats]
+        if isinstance(self.manager, kernel_tiering.DamosTiering):
+            rec["damos_applied_bytes"] = self.manager.applied_bytes()
+        rec["notes"] = _notes(self.name)
         return rec
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if daemon_pid is not None:
-            _reap(daemon_pid)
-            os.close(daemon_fd)
-        if manager is not None:
-            manager.stop()
-        capacity.release()
+
+    def cleanup(self) -> None:
+        """The workload killed if it still runs, the daemon reaped, the manager stopped, the
+        fast node's reservation released, the sysctls back to no migration; the file removed."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.daemon_pid is not None:
+            _reap(self.daemon_pid)
+            os.close(self.daemon_fd)
+        if self.manager is not None:
+            self.manager.stop()
+        self.capacity.release()
         _set_sysctls("0", "false")
+        if self.file is not None:
+            self.file.unlink(missing_ok=True)
+
+
+def run_config(name: str, spec: Spec, log=print, file_dir: Path | None = None) -> dict:
+    """One configuration against a fresh workload; its record (see live_table)."""
+    run = ConfigRun(name, spec, log, file_dir)
+    try:
+        if not run.start_manager():
+            return run.rec
+        pid = run.start_workload()
+        run.start_daemon(pid)
+        reached = run.cut_capacity()
+        log(f"[{spec.name} {name}] workload pid {pid}: {spec.describe()}; first touched on node "
+            f"{SLOW}; fast node free {reached / 2**20:.0f} MiB ({spec.free_mb()} MiB + the "
+            f"promotion watermark); go")
+        run.watch(pid)
+        return run.finish()
+    finally:
+        run.cleanup()
 
 
 def _reap(pid: int, timeout: float = 60) -> None:
@@ -568,10 +705,15 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print,
     doc = {"kernel": os.uname().release, "memory_tiers": tiers, "configs": names,
            "repeat": repeat, "scenarios": []}
     loaded = False
+    fs, file_dir = None, None
     try:
         if any(n.startswith("pagetier:") for n in names):
             kmod.load_module()
             loaded = True
+        file_mb = max((s.size_mb for s in specs if s.memory == "file"), default=0)
+        if file_mb:  # room for the file and ext4's own blocks
+            fs = FileSystem(file_mb + 64 + file_mb // 8)
+            file_dir = fs.__enter__()
         for spec in specs:
             records = []
             doc["scenarios"].append({"spec": asdict(spec), "records": records})
@@ -579,7 +721,7 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print,
                 for name in names:
                     t = time.monotonic()
                     try:
-                        rec = run_config(name, spec, log=log)
+                        rec = run_config(name, spec, log=log, file_dir=file_dir)
                     except PagetierError as e:
                         rec = {"scenario": spec.name, "config": name, "runnable": False,
                                "reason": f"failed: {e}"}
@@ -596,6 +738,8 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print,
             kernel_tiering.write_sysctl(p, v)
         if loaded:
             kmod.unload_module()
+        if fs is not None:
+            fs.__exit__(None, None, None)
     out_path.write_text(json.dumps(doc))
     return 0
 
@@ -607,12 +751,59 @@ def results(doc: dict) -> list[dict]:
     rows = []
     for sc in doc["scenarios"]:
         runs: dict[str, list[dict]] = {}
+        errors: dict[str, dict[str, int]] = {}
         for r in sc["records"]:
             row = live_table.summarize(r)
             row["scenario"] = sc["spec"]["name"]
             runs.setdefault(row["config"], []).append(row)
-        rows += live_table.add_ratios([live_table.combine(rs) for rs in runs.values()])
+            errs = errors.setdefault(row["config"], {})
+            for k, v in ((r.get("daemon_totals") or {}).get("errors") or {}).items():
+                errs[k] = errs.get(k, 0) + v
+        combined = [live_table.combine(rs) for rs in runs.values()]
+        for row in combined:
+            row["daemon_errors"] = errors.get(row["config"], {})
+        rows += live_table.add_ratios(combined)
     return rows
+
+
+def format_kinds(rows: list[dict], doc: dict) -> str:
+    """Each configuration's figures in a scenario's shmem and file forms beside its anonymous
+    form (the same scenario on private anonymous memory, when it ran): t95 and held, and the
+    ratio of t95 and MB moved to the anonymous run's; '' when no scenario has another kind."""
+    kind_of = {sc["spec"]["name"]: sc["spec"].get("memory", "anon") for sc in doc["scenarios"]}
+    by = {(r.get("scenario"), r["config"]): r for r in rows if r["runnable"]}
+    out = []
+    for (scen, config), r in by.items():
+        kind = kind_of.get(scen, "anon")
+        if kind == "anon":
+            continue
+        base = scen[:-len(kind) - 1] if scen.endswith("-" + kind) else None
+        a = by.get((base, config), {})
+        t95_x = live_table.ratio(r["t95"], a.get("t95"))
+        moved_x = live_table.ratio(r["moved_mb"], a.get("moved_mb"))
+        held, held_a = r["held"], a.get("held")
+        out.append(f"{scen:<16} {config:<20} {_fmt(r['t95'], '.1f'):>6} "
+                   f"{_fmt(a.get('t95'), '.1f'):>6} {_fmt(t95_x, '.2f'):>6} "
+                   f"{_fmt(None if held is None else held * 100, '.1f'):>6} "
+                   f"{_fmt(None if held_a is None else held_a * 100, '.1f'):>6} "
+                   f"{r['moved_mb']:>8.1f} {_fmt(moved_x, '.2f'):>6} {_errors(r)}")
+    if not out:
+        return ""
+    head = (f"{'memory kind':<16} {'config':<20} {'t95 s':>6} {'anon':>6} {'x anon':>6} "
+            f"{'held %':>6} {'anon':>6} {'MB moved':>8} {'x anon':>6} daemon per-page errors")
+    return "\n".join(["the shmem and file forms beside the same scenario on anonymous memory "
+                      "(anon: its figure there; x anon: ratio to it):", head, *out])
+
+
+def _fmt(x, fmt: str) -> str:
+    return "--" if x is None else format(x, fmt)
+
+
+def _errors(row: dict) -> str:
+    """The daemon's per-page move_pages errors, by errno name, summed over the runs ('' for
+    the other configurations)."""
+    errs = (row.get("daemon_errors") or {})
+    return ",".join(f"{k}:{v}" for k, v in sorted(errs.items())) or ""
 
 
 def report(doc: dict, command_line: str) -> str:
@@ -652,7 +843,7 @@ def report(doc: dict, command_line: str) -> str:
     head.append(live_table.format_series(rows))
     # the sections that have something to say, each after a blank line
     for section in (live_table.format_phases, live_table.format_runs, live_table.format_moves,
-                    live_table.format_splits):
+                    live_table.format_splits, lambda rs: format_kinds(rs, doc)):
         text = section(rows)
         if text:
             head += ["", text]
