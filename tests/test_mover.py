@@ -152,3 +152,15 @@ def test_can_move_all_reads_cap_sys_nice(tmp_path, monkeypatch, capeff, want):
     monkeypatch.setattr(mover, "PROC_STATUS", str(status))
     monkeypatch.setattr(mover, "_move_all", None)
     assert mover.can_move_all() is want
+
+
+def test_private_memory_never_asks_for_the_capability(kernel, monkeypatch, caplog, tmp_path):
+    """Moving private pages says nothing of CAP_SYS_NICE, even without it."""
+    (tmp_path / "status").write_text("CapEff:\t0000000000000000\n")
+    monkeypatch.setattr(mover, "PROC_STATUS", str(tmp_path / "status"))
+    monkeypatch.setattr(mover, "_move_all", None)
+    k = kernel()
+    with caplog.at_level(logging.WARNING, logger="pagetier.mover"):
+        res = mover.move(1, units(4), 0)
+    assert res.moved.tolist() == [0, 1, 2, 3] and not caplog.text
+    assert mover._move_all is None and [f for _, f in k.calls] == [mover.MPOL_MF_MOVE]

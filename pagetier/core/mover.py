@@ -273,18 +273,20 @@ def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
         sh = np.asarray(shared, bool)
         if owner is not None:
             sh = sh[owner]
-    plain = flags & ~MPOL_MF_MOVE_ALL
-    all_flags = plain | MPOL_MF_MOVE_ALL if flags & MPOL_MF_MOVE_ALL or can_move_all() else plain
+    # (the capability is looked at only when a page needs it: no warning for private memory)
+    def all_flags() -> int:
+        return flags | MPOL_MF_MOVE_ALL if flags & MPOL_MF_MOVE_ALL or can_move_all() else flags
+
     status = np.full(n, _NOT_TRIED, np.int32)
     res = MoveResult()
     # the units known to be shared first, with MPOL_MF_MOVE_ALL: then the others
-    ok = (not sh.any() or _run(pid, addrs, node, all_flags, batch, status, np.flatnonzero(sh),
-                               res))
+    ok = not sh.any() or _run(pid, addrs, node, all_flags(), batch, status, np.flatnonzero(sh),
+                              res)
     ok = ok and _run(pid, addrs, node, flags, batch, status, np.flatnonzero(~sh), res)
     # pages the kernel found shared (-EACCES): once more, with MPOL_MF_MOVE_ALL
     again = np.flatnonzero(status == -errno.EACCES)
-    if ok and len(again) and (all_flags & MPOL_MF_MOVE_ALL) and can_move_all():
-        ok = _run(pid, addrs, node, all_flags, batch, status, again, res)
+    if ok and len(again) and all_flags() & MPOL_MF_MOVE_ALL:
+        ok = _run(pid, addrs, node, all_flags(), batch, status, again, res)
     res.stopped = not ok
     pages = classify(status, node)
     if owner is None:
