@@ -39,3 +39,9 @@ def test_only_a_far_off_policy_is_clipped(far, clipped):
     rows = [run("a", "10%", "first-touch", far), run("a", "10%", "lru", 0.031)]
     limit = sim._plot_limit(rows)
     assert (limit < far) is clipped and limit > 0.031
+
+
+def test_labels_tell_a_tie_from_a_tiny_difference():
+    """(in percent)"""
+    assert [sim._percent(v) for v in (0.0, 0.00001, -0.00003, 0.02, -0.004, 3.1)] == [
+        "0.0%", "+<0.01%", "-<0.01%", "+0.02%", "-<0.01%", "+3.1%"]

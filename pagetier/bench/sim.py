@@ -254,6 +254,16 @@ def _plot_limit(rows: list[dict]) -> float:
     return max(limit, 0.01)
 
 
+def _percent(v: float) -> str:
+    """A bar's label: 0.1% steps, 0.01% below 0.05%, and "<0.01%" for a nonzero difference
+    smaller than that (a tie is "0.0%")."""
+    if v == 0:
+        return "0.0%"
+    if abs(v) < 0.005:
+        return f"{'+' if v > 0 else '-'}<0.01%"
+    return f"{v:+.1f}%" if abs(v) >= 0.05 else f"{v:+.2f}%"
+
+
 def figure(rows: list[dict]):
     """Each run's estimated time against the best static placement of its trace and capacity,
     one panel per trace: a bar per policy and capacity from 0 (static) with its value written
@@ -288,7 +298,7 @@ def figure(rows: list[dict]):
             y = policies.index(r["policy"]) * step + j
             shown = max(-limit, min(limit, v))
             ax.barh(y, shown, color=colours[j], height=0.8)
-            text = f"{v:+.1f}%" if abs(v) >= 0.05 or v == 0 else f"{v:+.2f}%"
+            text = _percent(v)
             if shown != v:  # clipped: the value inside the bar, an arrow past its end
                 ax.annotate("", (shown + 6 * pad, y), (shown, y),
                             arrowprops={"arrowstyle": "->", "lw": 0.8})
