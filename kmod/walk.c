@@ -84,10 +84,11 @@ int pagetier_page_kind(struct page *page, bool *shared)
 		return -1;
 	if ((mapping & PAGE_MAPPING_FLAGS) == PAGE_MAPPING_ANON)
 		kind = PT_KIND_ANON;
-	else if (!mapping || (mapping & PAGE_MAPPING_FLAGS))
-		return -1;
-	else /* shmem folios are swap-backed, page cache of a filesystem is not */
+	else if (mapping && !(mapping & PAGE_MAPPING_FLAGS))
+		/* shmem folios are swap-backed, page cache of a filesystem is not */
 		kind = folio_test_swapbacked(folio) ? PT_KIND_SHMEM : PT_KIND_FILE;
+	else
+		return -1;
 	if (shared)
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 9, 0) /* folio_likely_mapped_shared() from 6.9 */
 		*shared = folio_likely_mapped_shared(folio);
