@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pagetier.core.arrays import unique
 from pagetier.errors import ConfigError
 from pagetier.profiler.base import PAGE_SIZE
 
@@ -109,7 +110,7 @@ def heat(trace, pid: int | None = None, rows: int = 256, cols: int | None = None
     metric = metric or default_metric(trace)
     if metric not in METRICS:
         raise ConfigError(f"heatmap: unknown metric {metric!r} (use {' or '.join(METRICS)})")
-    pids = np.unique(trace.column("pid"))
+    pids = unique(trace.column("pid"))
     if len(pids) == 0:
         raise ConfigError(f"{trace.path}: the trace has no samples to draw")
     if pid is None:
@@ -138,7 +139,7 @@ def heat(trace, pid: int | None = None, rows: int = 256, cols: int | None = None
     col_of_iv = (np.arange(n_iv) * cols) // n_iv
     t_edges = np.concatenate([[0.0], [t_end[col_of_iv == c].max() for c in range(cols)]])
     # the memory there is: accessed pages and (unless only_accessed) the mapped ranges
-    used = np.unique(page)
+    used = unique(page)
     maps = np.zeros((0, 2), np.uint64) if only_accessed else mapped_ranges(trace, pid)
     if len(used) == 0 and len(maps) == 0:
         return Heat(np.zeros((1, cols)), t_edges, np.zeros(1, np.uint64), [], [0], pid, 0, metric)
