@@ -251,6 +251,21 @@ struct pagetier_target *pagetier_find_mm_rcu(struct mm_struct *mm);
 ssize_t pagetier_uint_store(const char *buf, size_t count, unsigned int *knob, unsigned int lo,
 			    unsigned int hi);
 
+/*
+ * PT_DEFINE_UINT_KNOB() - the show and store functions of a sysfs attribute @name that reads
+ * and sets the unsigned int @var, a write outside [@lo, @hi] refused (pagetier_uint_store()).
+ */
+#define PT_DEFINE_UINT_KNOB(name, var, lo, hi)						\
+static ssize_t name##_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)	\
+{											\
+	return sysfs_emit(buf, "%u\n", READ_ONCE(var));				\
+}											\
+static ssize_t name##_store(struct kobject *kobj, struct kobj_attribute *attr,		\
+			    const char *buf, size_t count)				\
+{											\
+	return pagetier_uint_store(buf, count, &(var), lo, hi);				\
+}
+
 /* walk.c */
 /**
  * struct pagetier_walk - what to do with each mapping of a target.

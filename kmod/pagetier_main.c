@@ -269,6 +269,15 @@ static long read_req_init(struct read_req *q, u32 pid, u32 flags, const u64 *res
 	return 0;
 }
 
+/* Hand @r (@size bytes, its @nr_records and @cursor from @q) back to user space. */
+static long read_reply(void __user *arg, void *r, size_t size, u64 *nr_records, u64 *cursor,
+		       const struct read_req *q)
+{
+	*nr_records = q->nr_records;
+	*cursor = q->cursor;
+	return copy_to_user(arg, r, size) ? -EFAULT : 0;
+}
+
 /* READ: per-page records of the whole address space. */
 static long do_read(struct pagetier_read __user *arg)
 {
@@ -282,11 +291,7 @@ static long do_read(struct pagetier_read __user *arg)
 			    sizeof(struct pagetier_record));
 	if (!ret)
 		ret = read_records(&q);
-	if (ret)
-		return ret;
-	r.nr_records = q.nr_records;
-	r.cursor = q.cursor;
-	return copy_to_user(arg, &r, sizeof(r)) ? -EFAULT : 0;
+	return ret ?: read_reply(arg, &r, sizeof(r), &r.nr_records, &r.cursor, &q);
 }
 
 /* READ_PAGES (@regions false) and READ_REGIONS: READ over an address range. */
@@ -309,11 +314,7 @@ static long do_read_range(struct pagetier_read_range __user *arg, bool regions)
 	q.last = (r.end ? (unsigned long)r.end - 1 : ULONG_MAX) >> shift;
 	q.index = max_t(unsigned long, r.cursor, (unsigned long)r.start >> shift);
 	ret = read_records(&q);
-	if (ret)
-		return ret;
-	r.nr_records = q.nr_records;
-	r.cursor = q.cursor;
-	return copy_to_user(arg, &r, sizeof(r)) ? -EFAULT : 0;
+	return ret ?: read_reply(arg, &r, sizeof(r), &r.nr_records, &r.cursor, &q);
 }
 
 static long do_stats(struct pagetier_stats __user *arg)
@@ -477,30 +478,9 @@ static ssize_t targets_show(struct kobject *kobj, struct kobj_attribute *attr, c
 	return pagetier_targets_emit(buf);
 }
 
-static ssize_t default_scan_period_ms_show(struct kobject *kobj, struct kobj_attribute *attr,
-					   char *buf)
-{
-	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_default_scan_period_ms));
-}
-
-static ssize_t default_scan_period_ms_store(struct kobject *kobj, struct kobj_attribute *attr,
-					    const char *buf, size_t count)
-{
-	return pagetier_uint_store(buf, count, &pagetier_default_scan_period_ms,
-				   PAGETIER_SCAN_PERIOD_MIN_MS,
-			  PAGETIER_SCAN_PERIOD_MAX_MS);
-}
-
-static ssize_t max_targets_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_max_targets));
-}
-
-static ssize_t max_targets_store(struct kobject *kobj, struct kobj_attribute *attr,
-				 const char *buf, size_t count)
-{
-	return pagetier_uint_store(buf, count, &pagetier_max_targets, 1, MAX_TARGETS_LIMIT);
-}
+PT_DEFINE_UINT_KNOB(default_scan_period_ms, pagetier_default_scan_period_ms,
+		    PAGETIER_SCAN_PERIOD_MIN_MS, PAGETIER_SCAN_PERIOD_MAX_MS)
+PT_DEFINE_UINT_KNOB(max_targets, pagetier_max_targets, 1, MAX_TARGETS_LIMIT)
 
 static ssize_t scan_budget_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
 {
@@ -522,28 +502,9 @@ static ssize_t scan_budget_store(struct kobject *kobj, struct kobj_attribute *at
 	return count;
 }
 
-static ssize_t upper_bits_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_upper_bits));
-}
-
 /* 1: passes skip page tables whose upper-level Accessed bit stayed clear; 0: read them all */
-static ssize_t upper_bits_store(struct kobject *kobj, struct kobj_attribute *attr,
-				const char *buf, size_t count)
-{
-	return pagetier_uint_store(buf, count, &pagetier_upper_bits, 0, 1);
-}
-
-static ssize_t pud_refresh_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_pud_refresh));
-}
-
-static ssize_t pud_refresh_store(struct kobject *kobj, struct kobj_attribute *attr,
-				 const char *buf, size_t count)
-{
-	return pagetier_uint_store(buf, count, &pagetier_pud_refresh, 0, PUD_REFRESH_MAX);
-}
+PT_DEFINE_UINT_KNOB(upper_bits, pagetier_upper_bits, 0, 1)
+PT_DEFINE_UINT_KNOB(pud_refresh, pagetier_pud_refresh, 0, PUD_REFRESH_MAX)
 
 static struct kobj_attribute version_attr = __ATTR_RO(version);
 static struct kobj_attribute targets_attr = __ATTR_RO(targets);

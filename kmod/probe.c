@@ -331,39 +331,9 @@ u32 pagetier_entry_freq(const struct pagetier_target *t, unsigned long v)
 
 /* --- /sys/kernel/pagetier/probe_windows and probe_base_us --- */
 
-static ssize_t probe_windows_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%u\n", READ_ONCE(probe_windows));
-}
-
-static ssize_t probe_windows_store(struct kobject *kobj, struct kobj_attribute *attr,
-				   const char *buf, size_t count)
-{
-	return pagetier_uint_store(buf, count, &probe_windows, 0, PT_PROBE_MAX_WINDOWS);
-}
-
-static ssize_t probe_base_us_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%u\n", READ_ONCE(probe_base_us));
-}
-
-static ssize_t probe_base_us_store(struct kobject *kobj, struct kobj_attribute *attr,
-				   const char *buf, size_t count)
-{
-	return pagetier_uint_store(buf, count, &probe_base_us, PROBE_BASE_US_MIN, PROBE_BASE_US_MAX);
-}
-
-static ssize_t probe_fault_marks_show(struct kobject *kobj, struct kobj_attribute *attr,
-				      char *buf)
-{
-	return sysfs_emit(buf, "%u\n", READ_ONCE(pagetier_probe_marks));
-}
-
-static ssize_t probe_fault_marks_store(struct kobject *kobj, struct kobj_attribute *attr,
-				       const char *buf, size_t count)
-{
-	return pagetier_uint_store(buf, count, &pagetier_probe_marks, 0, 1);
-}
+PT_DEFINE_UINT_KNOB(probe_windows, probe_windows, 0, PT_PROBE_MAX_WINDOWS)
+PT_DEFINE_UINT_KNOB(probe_base_us, probe_base_us, PROBE_BASE_US_MIN, PROBE_BASE_US_MAX)
+PT_DEFINE_UINT_KNOB(probe_fault_marks, pagetier_probe_marks, 0, 1)
 
 struct kobj_attribute pagetier_probe_windows_attr = __ATTR_RW(probe_windows);
 struct kobj_attribute pagetier_probe_fault_marks_attr = __ATTR_RW(probe_fault_marks);
