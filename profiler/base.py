@@ -134,10 +134,7 @@ def in_span(sample: Sample, span: tuple[int, int]) -> Sample:
     a = sample.addr
     lo = int(np.searchsorted(a, np.uint64(start))) if start > 0 else 0
     hi = len(a) if end >= 1 << 64 else int(np.searchsorted(a, np.uint64(end)))
-    cut = lambda x: x[lo:hi] if len(x) == len(a) else x  # noqa: E731
-    return Sample(pid=sample.pid, addr=a[lo:hi], count=cut(sample.count), node=cut(sample.node),
-                  npages=cut(sample.npages), complete=True, freq=cut(sample.freq),
-                  region=cut(sample.region), span=(int(start), int(end)))
+    return sample.take(slice(lo, hi), complete=True, span=(int(start), int(end)))
 
 
 # --- the same units from every backend -------------------------------------------------------
@@ -195,6 +192,24 @@ def thp_blocks(pid: int, addrs: np.ndarray) -> np.ndarray:
     return np.array(keep, np.uint64)
 
 
+def _folded_kinds(sample: Sample, rows: np.ndarray, inv: np.ndarray, n: int, keep: np.ndarray,
+                  order: np.ndarray) -> dict:
+    """``kind`` and ``shared`` of a sample whose ``rows`` were folded into ``n`` units (``inv``:
+    each row's unit) placed after the ``keep`` rows, all then put in ``order``: a unit is of
+    the highest kind among its rows (file over shmem over anon, as pagetier.ko's regions) and
+    shared if any row is. Empty where the sample does not tell."""
+    out = {}
+    if len(sample.kind) == len(sample):
+        k = np.zeros(n, np.uint8)
+        np.maximum.at(k, inv, sample.kind[rows])
+        out["kind"] = np.concatenate([sample.kind[keep], k])[order]
+    if len(sample.shared) == len(sample):
+        sh = np.zeros(n, bool)
+        np.logical_or.at(sh, inv, sample.shared[rows])
+        out["shared"] = np.concatenate([sample.shared[keep], sh])[order]
+    return out
+
+
 def huge_units(sample: Sample, blocks: np.ndarray, how: str = "sum") -> Sample:
     """``sample`` with its 4 KiB rows inside ``blocks`` (2 MiB starts, as from
     :func:`thp_blocks`) folded into one 2 MiB unit each (npages 512).
@@ -238,7 +253,8 @@ def huge_units(sample: Sample, blocks: np.ndarray, how: str = "sum") -> Sample:
         node=cat(sample.node, sample.node[inside][first]),
         npages=cat(sample.npages, np.full(n, HUGE_PAGES, np.uint16)),
         complete=sample.complete,
-        freq=cat(sample.freq, frq.astype(np.float32)) if has_freq else np.zeros(0, np.float32))
+        freq=cat(sample.freq, frq.astype(np.float32)) if has_freq else np.zeros(0, np.float32),
+        **_folded_kinds(sample, inside, inv, n, out, order))
 
 
 def region_units(sample: Sample) -> Sample:
@@ -277,4 +293,4 @@ def region_units(sample: Sample) -> Sample:
         npages=cat(sample.npages, np.full(n, HUGE_PAGES, np.uint16)),
         complete=sample.complete,
         freq=cat(sample.freq, frq.astype(np.float32)) if has_freq else np.zeros(0, np.float32),
-        region=region, span=sample.span)
+        region=region, span=sample.span, **_folded_kinds(sample, small, inv, n, keep, order))

@@ -68,9 +68,7 @@ class ReplayProfiler(Profiler):
             self.pos[pid] = i + 1
         s = frames[i][2]
         keep = s.count > 0 if accessed_only else np.ones(len(s), bool)
-        return Sample(pid=pid, addr=s.addr[keep], count=s.count[keep], node=s.node[keep],
-                      npages=s.npages[keep], complete=s.complete and not accessed_only,
-                      freq=s.freq[keep] if len(s.freq) == len(s) else np.zeros(0, np.float32))
+        return s.take(keep, pid=pid, complete=s.complete and not accessed_only, span=None)
 
     def stats(self, pid: int) -> dict:
         return {"position": self.pos.get(pid, 0),

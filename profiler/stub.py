@@ -108,9 +108,7 @@ class StubProfiler(Profiler):
         if part is not None:
             if len(s) > 1 and not (s.addr[1:] > s.addr[:-1]).all():
                 order = np.argsort(s.addr, kind="stable")
-                pick = lambda x: x[order] if len(x) == len(order) else x  # noqa: E731
-                s = Sample(s.pid, s.addr[order], pick(s.count), pick(s.node), pick(s.npages),
-                           freq=pick(s.freq), region=pick(s.region))
+                s = s.take(order)
             lo = int(s.addr[0]) if len(s) else 0
             hi = int(s.addr[-1]) + int(s.npages[-1]) * PAGE_SIZE if len(s) else 0
             s = in_span(s, part_span(lo, hi, *part))
@@ -132,9 +130,7 @@ class StubProfiler(Profiler):
         s = self._sample(pid, i)
         if accessed_only:
             keep = s.count > 0
-            cut = lambda x: x[keep] if len(x) == len(keep) else x  # noqa: E731
-            s = Sample(s.pid, s.addr[keep], s.count[keep], s.node[keep], s.npages[keep],
-                       complete=False, freq=cut(s.freq), region=cut(s.region))
+            s = s.take(keep, complete=False, span=None)
         return s
 
     def read_part(self, pid: int, part: int, parts: int) -> Sample | None:

@@ -316,3 +316,27 @@ def test_a_target_read_in_pages_then_in_regions_keeps_one_unit_per_2mib():
                    node=np.ones(1, np.int16), npages=np.full(1, 512, np.uint16),
                    region=np.ones(1, bool), span=(int(a[1024]), int(a[1024]) + HUGE)))
     assert (st.target == 0).sum() == 3 and st.pages_on(1) == 3 * 512 + 600
+
+
+def test_folded_units_keep_kind_and_sharing():
+    """huge_units and region_units: a folded unit is of its rows' highest kind and shared if
+    any row is; a sample cut with take() keeps both."""
+    from pagetier.core.sample import KIND_ANON, KIND_FILE, KIND_SHMEM
+    from pagetier.profiler.base import huge_units, region_units
+
+    base = 1 << 30
+    addr = np.array([base, base + 4096, base + (2 << 20), base + (2 << 20) + 4096], np.uint64)
+    s = Sample(pid=1, addr=addr, count=np.array([1, 2, 3, 4], np.uint32),
+               node=np.zeros(4, np.int16), npages=np.ones(4, np.uint16),
+               kind=np.array([KIND_ANON, KIND_SHMEM, KIND_FILE, KIND_FILE], np.uint8),
+               shared=np.array([False, True, False, False]))
+    r = region_units(s)
+    assert r.kind.tolist() == [KIND_SHMEM, KIND_FILE]
+    assert r.shared.tolist() == [True, False]
+    h = huge_units(s, np.array([base + (2 << 20)], np.uint64))
+    assert h.kind.tolist() == [KIND_ANON, KIND_SHMEM, KIND_FILE]
+    assert h.shared.tolist() == [False, True, False]
+    t = s.take(np.array([False, True, True, False]))
+    assert t.kind.tolist() == [KIND_SHMEM, KIND_FILE] and t.shared.tolist() == [True, False]
+    assert len(region_units(Sample(pid=1, addr=addr, count=s.count, node=s.node,
+                                   npages=s.npages)).kind) == 0

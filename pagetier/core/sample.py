@@ -54,6 +54,19 @@ class Sample:
     def __len__(self) -> int:
         return len(self.addr)
 
+    def take(self, sel, **fields) -> "Sample":
+        """The units ``sel`` picks (a slice, a mask or indices), every per-unit array cut alike
+        (one left empty stays empty); ``fields`` replace any field of the result."""
+        n = len(self.addr)
+        cut = lambda x: x[sel] if len(x) == n else x  # noqa: E731
+        out = Sample(pid=self.pid, addr=self.addr[sel], count=cut(self.count),
+                     node=cut(self.node), npages=cut(self.npages), complete=self.complete,
+                     freq=cut(self.freq), region=cut(self.region), span=self.span,
+                     kind=cut(self.kind), shared=cut(self.shared))
+        for name, value in fields.items():
+            setattr(out, name, value)
+        return out
+
     def regions(self) -> np.ndarray:
         """Which units are regions (bool, one per unit; all False when ``region`` is empty)."""
         if len(self.region) == len(self.addr):
