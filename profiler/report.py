@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from pagetier.core.arrays import unique
 from pagetier.core.sample import KIND_NAMES
 from pagetier.profiler.base import PAGE_SIZE
 
@@ -53,13 +54,13 @@ def timeline(trace, window: int = 5, hot_fraction: float = 0.5) -> list[dict]:
     # seen[u] = intervals of unit u: walk intervals in order with a sliding window count
     hits = np.zeros(len(uniq), np.int32)
     by_iv = [np.flatnonzero(iv == i) for i in range(n)]
-    nodes = sorted({int(x) for x in np.unique(node)})
+    nodes = sorted({int(x) for x in unique(node)})
     out = []
     for i in range(n):
         rows = by_iv[i]
-        hits[np.unique(unit[rows])] += 1
+        hits[unique(unit[rows])] += 1
         if i >= window:
-            hits[np.unique(unit[by_iv[i - window]])] -= 1
+            hits[unique(unit[by_iv[i - window]])] -= 1
         hot = hits >= need
         ws = int(nbytes[rows].sum())
         per_node = {str(k): int(nbytes[rows][node[rows] == k].sum()) for k in nodes}
@@ -81,7 +82,7 @@ def residency(trace, window: int = 5, hot_fraction: float = 0.5) -> dict:
     uniq, first = np.unique(keys[order][::-1], axis=0, return_index=True)  # last occurrence
     last_rows = order[::-1][first]
     seen = {}
-    for k in np.unique(node[last_rows]):
+    for k in unique(node[last_rows]):
         seen[str(int(k))] = int(nbytes[last_rows][node[last_rows] == k].sum())
     n = int(iv.max()) + 1
     recent = iv >= n - window
@@ -144,7 +145,7 @@ def hottest(trace, top: int = 10, metric: str = "count") -> list[dict]:
     npg = trace.column("npages")[acc].astype(np.int64)
     cnt = trace.column("count")[acc].astype(np.int64)
     frq = freq_all[acc]
-    n_iv = len(np.unique(trace.column("interval"))) or 1
+    n_iv = len(unique(trace.column("interval"))) or 1
     total_all = int(cnt.sum())
     freq_all_sum = float(frq.sum())
     keys = np.stack([pid.astype(np.uint64), addr], 1)
@@ -159,7 +160,7 @@ def hottest(trace, top: int = 10, metric: str = "count") -> list[dict]:
     procs = trace.meta.get("processes") or {}
     # which mapping each unit is in (-1: none known), to split runs at mapping boundaries
     map_idx = np.full(len(uk), -1, np.int64)
-    for p in np.unique(uk[:, 0]):
+    for p in unique(uk[:, 0]):
         maps = (procs.get(str(int(p))) or {}).get("maps") or []
         if not maps:
             continue
