@@ -101,15 +101,28 @@ def exec_race(helper_exe: str, seconds: float, alone: bool = True) -> None:
     def expected(e: kmod.KmodError) -> bool:
         return e.errno in (errno.ESRCH, errno.EBUSY)  # detached or gone at that moment
 
-    def attacher():
+    def attach_once(dev):
+        dev.attach(target.pid, "fault", scan_period_ms=10)
+        calls["attach"] += 1
+        time.sleep(0.05)
+        dev.detach(target.pid)
+
+    def read_once(dev):
+        rec = dev.read(target.pid, reset=True, chunk=512)
+        calls["read"] += 1
+        calls["records"] += len(rec)
+        dev.unmark(target.pid, rec["addr"][:4096])
+        calls["unmark"] += 1
+        dev.stats(target.pid)
+        calls["stats"] += 1
+
+    def loop(once):
+        """Call ``once`` with a device of its own until told to stop or the target ends."""
         dev = kmod.Device()
         try:
             while not stop.is_set() and target.poll() is None:
                 try:
-                    dev.attach(target.pid, "fault", scan_period_ms=10)
-                    calls["attach"] += 1
-                    time.sleep(0.05)
-                    dev.detach(target.pid)
+                    once(dev)
                 except kmod.KmodError as e:
                     if not expected(e):
                         raise
@@ -118,27 +131,8 @@ def exec_race(helper_exe: str, seconds: float, alone: bool = True) -> None:
         finally:
             dev.close()
 
-    def reader():
-        dev = kmod.Device()
-        try:
-            while not stop.is_set() and target.poll() is None:
-                try:
-                    rec = dev.read(target.pid, reset=True, chunk=512)
-                    calls["read"] += 1
-                    calls["records"] += len(rec)
-                    dev.unmark(target.pid, rec["addr"][:4096])
-                    calls["unmark"] += 1
-                    dev.stats(target.pid)
-                    calls["stats"] += 1
-                except kmod.KmodError as e:
-                    if not expected(e):
-                        raise
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-        finally:
-            dev.close()
-
-    threads = [threading.Thread(target=f) for f in (attacher, reader, reader)]
+    threads = [threading.Thread(target=loop, args=(once,))
+               for once in (attach_once, read_once, read_once)]
     for th in threads:
         th.start()
     try:
