@@ -22,9 +22,10 @@ class DaemonRun:
     """A `pagetier ARGS` process whose stdout lines are collected by a thread: ``stats`` (the
     daemon's JSON lines) and ``events`` (the workload's, when it shares stdout)."""
 
-    def __init__(self, args: list[str], env: dict, **popen):
+    def __init__(self, args: list[str], env: dict, prefix: tuple[str, ...] = (), **popen):
+        """``prefix``: a command that runs the daemon (e.g. setpriv dropping a capability)."""
         self.env = env
-        self.proc = subprocess.Popen([*PAGETIER, *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([*prefix, *PAGETIER, *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env, **popen)
         self.stats: list[dict] = []
         self.events: list[dict] = []

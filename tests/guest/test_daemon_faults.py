@@ -154,10 +154,15 @@ while time.monotonic() < end:
 """
 
 
+# root without CAP_SYS_NICE: move_pages refuses MPOL_MF_MOVE_ALL
+NO_SYS_NICE = ("setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice")
+
+
 def test_shared_pages_not_retried_every_interval(env, numab_on, tmp_path):
-    """Pages shared with another process cannot be moved (move_pages: EACCES without
-    MPOL_MF_MOVE_ALL). The daemon counts them as failed once, then leaves them alone for a
-    while instead of failing on them every interval."""
+    """Pages shared with another process move only with MPOL_MF_MOVE_ALL, which needs
+    CAP_SYS_NICE (tests/guest/test_memory_kinds.py moves them as root). A daemon without it
+    says so once, counts them as failed once (EACCES), then leaves them alone for a while
+    instead of failing on them every interval."""
     script = tmp_path / "shared.py"
     script.write_text(SHARED)
     p = subprocess.Popen(["python3", str(script), "600"], stdout=subprocess.PIPE, text=True,
@@ -166,7 +171,7 @@ def test_shared_pages_not_retried_every_interval(env, numab_on, tmp_path):
         assert p.stdout.readline().strip() == "ready"
         # budget 1M: the daemon wants the 8 MiB shared buffer off node 0
         d = DaemonRun(["attach", str(p.pid), "--json", "--fast-budget", "1M", "--interval",
-                       "0.5", "--profiler-option", "mode=abit"], env)
+                       "0.5", "--profiler-option", "mode=abit"], env, prefix=NO_SYS_NICE)
         try:
             d.wait_for(lambda: len(d.stats) >= 20, WAIT, "20 intervals")
         finally:
@@ -180,6 +185,7 @@ def test_shared_pages_not_retried_every_interval(env, numab_on, tmp_path):
     print("first intervals:", [{k: s[k] for k in ("units", "demoted", "failed", "busy")}
                                for s in d.stats[:3]])
     clean_exit(d)
+    assert d.stderr.count("no CAP_SYS_NICE, so no MPOL_MF_MOVE_ALL") == 1, d.stderr
     assert "EACCES" in errs, errs
     # the shared buffer (and shared library pages: abit mode counts file pages too) fail on the
     # first try; within STUCK_RETRY (32) intervals only units new since then are tried, and
