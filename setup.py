@@ -97,12 +97,16 @@ setup(
         "pandas>=2,<4",
         # the ILP oracle of `pagetier bench sim` (its default runs it)
         "highspy>=1.7,<2",
+        # the daemon's --metrics endpoint (Prometheus text format)
+        "prometheus-client>=0.17,<1",
     ],
     extras_require={
         # build: tests/test_packaging.py builds the sdist and wheel as a release would
         # import-linter: tests/test_layering.py checks the layers (contracts in pyproject.toml)
         "test": ["pytest>=7.4,<10", "virtme-ng>=1.30,<2", "gymnasium>=0.29,<2", "build>=1,<2",
-                 "import-linter>=2.16,<3"],
+                 "import-linter>=2.16,<3",
+                 # tests/test_deploy.py validates deploy/'s manifests against the Kubernetes schema
+                 "kubernetes-validate>=1.28,<2"],
         "trace": [],  # kept for old install lines: pyarrow and pandas are core now
         "rl": ["gymnasium>=0.29,<2"],
         "ilp": ["highspy>=1.7,<2"],  # kept for old install lines: highspy is core now

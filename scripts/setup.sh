@@ -22,7 +22,9 @@ APT_PKGS=(build-essential bc flex bison libelf-dev kmod cpio busybox-static
 	python3 python3-venv python3-dev python3-pip python3-bpfcc bpfcc-tools
 	libnuma1 libnuma-dev numactl udev iproute2 procps util-linux dkms
 	linux-image-amd64 linux-headers-amd64 linux-source-6.12
-	redis-server redis-tools sqlite3 zstd)  # third-party programs the trace set is recorded from
+	redis-server redis-tools sqlite3 zstd  # third-party programs the trace set is recorded from
+	stress-ng sysbench  # third-party memory workloads bench live runs beside its own
+	prometheus)  # the metrics test scrapes the daemon with Debian's Prometheus server
 
 install_apt() {
 	local SUDO; SUDO=$(need_root)
