@@ -28,9 +28,10 @@ simulator runs too:
    ``deferred``), units whose move failed for good (EACCES: shared pages) are left alone for
    STUCK_RETRY intervals; fast pages the kernel refused to move (mapped by other processes
    too) are outside the budget, reported as ``fast_unmovable``;
-6. a stats dict (with ``limit``: the limit that kept wanted units off the fast node,
-   "budget", "node", "rate", "throughput" or None), printed as a JSON line (``--json``) or a
-   short human line, and written to the status file that ``pagetier status`` reads.
+6. a stats dict (with ``limit``: what stopped the exchange where it did, "candidates" (all
+   that was wanted moved), "budget", "node", "rate" or "throughput"; and ``wanted_bytes``, what
+   the exchange wanted moved), printed as a JSON line (``--json``) or a short human line, and
+   written to the status file that ``pagetier status`` reads.
 
 The first interval ends as soon as the profiler has its first frequency estimate of every
 target (pagetier.ko: the first scan whose probes measured the units accessed since attach; two
@@ -84,6 +85,7 @@ from pagetier.core import mover as mover_mod
 from pagetier.core import planner
 from pagetier.core.state import PageState
 from pagetier.core.step import STUCK_RETRY, Limits, Outcome, Read, Step  # noqa: F401
+from pagetier.core.step import exchange_limit, wanted_pages
 from pagetier.core.units import PAGE_SIZE
 from pagetier.daemon import config as config_mod
 from pagetier.daemon import control
@@ -392,7 +394,7 @@ class Daemon:
         acc = {**new_tally(), **moved.tally}  # a mover reports what it counts; the rest is 0
         resident = {(str(n) if n >= 0 else "unknown"): p * PAGE_SIZE
                     for n, p in st.resident().items()}
-        bound = moved.limit or out.decision.stats.get("limit")
+        bound = exchange_limit(moved.limit or out.decision.stats.get("limit"))
         if bound == "rate" and self._by_throughput:
             bound = "throughput"  # the measured throughput, not --rate, set the interval's cap
         tp = self.executor.throughput
@@ -417,9 +419,12 @@ class Daemon:
             # after the demotions when there are promotions), in 4 KiB pages: MemFree, the high
             # watermark, the per-CPU lists' pages and the daemon's demoted pages counted there
             "fast_room": self.fastnode.detail,
-            # the limit that kept wanted units off the fast node: "budget", "node" (the fast
-            # node's free memory), "rate", "throughput", or None
+            # what stopped the exchange where it did: "candidates" (everything wanted was
+            # moved), "budget", "node" (the fast node's free memory), "rate", "throughput"
             "limit": bound,
+            # bytes the interval wanted moved (the policy's moves that had somewhere to go
+            # plus forced demotions), beside bytes_moved
+            "wanted_bytes": wanted_pages(out.moves, out.decision) * PAGE_SIZE,
             "rate_pages": int(min(lim.rate, 1 << 50)),
             # the migration throughput measured so far (MB/s; None: nothing moved yet)
             "throughput_mb_s": None if tp is None else round(tp * PAGE_SIZE / MIB, 1),

@@ -104,6 +104,10 @@ def human_line(s: dict, fast: int, slow: int) -> str:
     line = (f"#{s['interval']:<3d}{mark}+{s['promoted'] * 4 // 1024:>4d}M -{s['demoted'] * 4 // 1024:>4d}M"
             f"{dry} fast {s['fast_used'] / MIB:.0f}/{budget_s}M n{fast} {f:.0f}M n{slow} {w:.0f}M")
     extra = []
+    wanted = s.get("wanted_bytes")
+    if wanted:  # the exchange: what was wanted, what moved, and what stopped it there
+        moved = (s["promoted"] + s["demoted"]) * 4096 / MIB
+        extra.append(f"want {wanted / MIB:.0f}M moved {moved:.0f}M: {s.get('limit')}")
     layer = s.get("policy", {}).get("layer")
     if layer is not None:
         extra.append(f"layer {layer}")

@@ -125,3 +125,27 @@ def test_plan_promotions_after_a_refused_demotion():
 ])
 def test_rate_pages(rate, interval, pages):
     assert planner.rate_pages(rate, interval) == pages
+
+
+@pytest.mark.parametrize("budget,rate,room,promote,demote,limit,wanted", [
+    (10, 100, None, [2, 3], [0], None, 3),  # everything fits: the candidates ran out
+    (3, 100, None, [2, 3, 4], [], "budget", 3),  # 2 fast + 3 asked > 3
+    (10, 100, 1, [2, 3, 4], [], "node", 3),
+    (10, 2, None, [2, 3, 4], [], "rate", 3),
+    (10, 1, None, [], [0, 1], "rate", 2),  # the rate cuts demotions alone too
+    (10, 100, None, [0, 2], [2, 5], None, 1),  # 0 is on the fast node already, 2 is promoted
+])
+def test_each_limit_is_reported_when_it_binds(budget, rate, room, promote, demote, limit, wanted):
+    """The limit that cut the moves (None: none did) and the pages the policy wanted moved:
+    those with somewhere to go (promotions off the fast node, demotions off the slow one)."""
+    st = state([FAST, FAST, SLOW, SLOW, SLOW, SLOW])
+    m = planner.plan(st, D(promote=promote, demote=demote), budget=budget, node_room=room,
+                     rate=rate)
+    assert m.limit == limit and m.wanted == wanted
+
+
+def test_wanted_counts_pages_and_forced_demotions():
+    st = state([SLOW, FAST, FAST, FAST], heat=[1, 0, 2, 3], npages=[512, 1, 1, 1])
+    m = planner.plan(st, D(promote=[0]), budget=1, node_room=None, rate=1 << 20)
+    # 512 pages wanted up, and the two coldest fast units forced down to get under the budget
+    assert m.forced.tolist() == [1, 2] and m.wanted == 512 + 2 and m.limit == "budget"

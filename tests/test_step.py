@@ -302,3 +302,58 @@ def test_daemon_and_simulator_make_the_same_moves(tmp_path, monkeypatch, trace, 
     for k, (a, b) in enumerate(zip(live, sim)):
         assert a == b, f"interval {k + 1}: the daemon and the simulator moved different units"
     assert res.promoted_pages + res.demoted_pages > 0
+
+
+# --------------------------------------------------------------------------- why an exchange stopped
+@pytest.mark.parametrize("limits,limit,moved", [
+    (Limits(budget=100, rate=100), "candidates", 6),
+    (Limits(budget=4, rate=100), "budget", 4),
+    (Limits(budget=100, rate=100, room=3), "node", 3),
+    (Limits(budget=100, rate=2), "rate", 2),
+])
+def test_the_limit_that_bound_an_exchange_and_what_it_wanted(limits, limit, moved):
+    """Six units wanted on the fast node: what moved, what was wanted (all six) and which limit
+    stopped the exchange there ("candidates": nothing did, all that was wanted moved)."""
+    from pagetier.core.step import exchange_limit, wanted_pages
+
+    st, step = make_step(Scripted(Decision(promote=np.arange(6))))
+    out = step([read(sample(1, range(6), [1] * 6))], lambda: limits)
+    assert out.moved.promoted == moved and wanted_pages(out.moves, out.decision) == 6
+    assert exchange_limit(out.moved.limit) == limit
+
+
+def test_a_policy_that_cut_its_own_ask_says_what_it_wanted():
+    from pagetier.core.step import exchange_limit, wanted_pages
+
+    dec = Decision(promote=np.arange(2), stats={"wanted_pages": 5, "limit": "rate"})
+    st, step = make_step(Scripted(dec))
+    out = step([read(sample(1, range(6), [1] * 6))], lambda: Limits(budget=100, rate=2))
+    assert wanted_pages(out.moves, out.decision) == 5
+    assert exchange_limit(out.moved.limit or dec.stats["limit"]) == "rate"
+    assert exchange_limit(None) == "candidates" and exchange_limit("bogus") == "candidates"
+
+
+@pytest.mark.parametrize("budget,rate,mb_s,limit", [
+    ("100M", 0.0, None, "candidates"),
+    ("2M", 0.0, None, "budget"),
+    ("100M", 1.0, None, "rate"),
+    ("100M", 32.0, 1.0, "throughput"),  # 1 MB/s measured moves less than --rate's 32 MB/s
+])
+def test_the_daemon_stats_say_what_stopped_the_exchange(tmp_path, budget, rate, mb_s, limit):
+    """The daemon's interval stats (its JSON line, the status file's "last") carry the
+    limit and the bytes wanted beside the bytes moved; the log line says both."""
+    from test_daemon_unit import make_daemon
+
+    from pagetier.daemon.report import human_line
+
+    d = make_daemon(tmp_path, units=4096, hot=4096, budget=budget, rate=rate)
+    d.cfg.interval = 1.0
+    if mb_s is not None:
+        d.executor.throughput = mb_s * (1 << 20) / PAGE_SIZE
+    s = d.step()
+    assert s["limit"] == limit, s["limit"]
+    assert s["wanted_bytes"] == 4096 * PAGE_SIZE
+    assert s["bytes_moved"] == s["promoted"] * PAGE_SIZE
+    assert (s["bytes_moved"] == s["wanted_bytes"]) == (limit == "candidates")
+    assert d.last["limit"] == limit and d.last["wanted_bytes"] == s["wanted_bytes"]
+    assert f"want 16M moved {s['bytes_moved'] >> 20}M: {limit}" in human_line(s, 0, 1)

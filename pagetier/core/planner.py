@@ -69,8 +69,11 @@ class Moves:
     demote: np.ndarray  # the policy's demotions that fit
     forced: np.ndarray  # the planner's own demotions: the fast node was over budget
     promote: np.ndarray  # the policy's promotions that fit
-    limit: str | None  # what cut the promotions: "budget", "rate", "node" (its room) or None
+    limit: str | None  # what cut the moves: "budget", "rate", "node" (its room) or None
     asked: int  # units the policy asked to move (distinct valid indices)
+    # pages the interval wanted moved: the policy's moves that have somewhere to go (not on
+    # their node already, not stuck) plus the forced demotions' pages
+    wanted: int = 0
 
     @property
     def demotions(self) -> np.ndarray:
@@ -135,6 +138,7 @@ def plan(state, decision, budget: int, node_room: int | None, rate: int, *, fast
     the fast node within the budget. Pure: ``state`` is not changed."""
     n = len(state)
     asked = len(unique_in_order(decision.promote, n)) + len(unique_in_order(decision.demote, n))
+    wanted = wanted_pages(state, decision.demote, decision.promote, fast=fast, slow=slow)
     demote, forced = plan_demotions(state, decision.demote, decision.promote, budget, rate,
                                     fast=fast, slow=slow)
     out = np.concatenate([demote, forced]).astype(np.int64)
@@ -145,5 +149,26 @@ def plan(state, decision, budget: int, node_room: int | None, rate: int, *, fast
     room = None if node_room is None else node_room + _pages(state, on_fast)
     promote, limit = plan_promotions(state, decision.promote, budget, room, rate - _pages(state, out),
                                      fast=fast, fast_used=fast_used)
+    if limit is None and _pages(state, demote) < _demotable(state, decision.demote,
+                                                             decision.promote, slow):
+        limit = "rate"  # the rate cut the policy's demotions (the only limit they have)
     return Moves(demote=demote.astype(np.int64), forced=forced.astype(np.int64),
-                 promote=promote.astype(np.int64), limit=limit, asked=asked)
+                 promote=promote.astype(np.int64), limit=limit, asked=asked,
+                 wanted=wanted + _pages(state, forced))
+
+
+def _demotable(state, demote, promote, slow: int = 1) -> int:
+    """Pages of the policy's demotions that can move (as plan_demotions filters them)."""
+    n = len(state)
+    promote = unique_in_order(promote, n)
+    demote = unique_in_order(demote, n)
+    demote = demote[(state.node[demote] != slow) & (state.node[demote] >= 0) & ~state.stuck(demote)]
+    return _pages(state, demote[~np.isin(demote, promote)])
+
+
+def wanted_pages(state, demote, promote, *, fast: int = 0, slow: int = 1) -> int:
+    """Pages of the policy's moves that have somewhere to go: promotions not on the fast node
+    and demotions (as plan_demotions filters them), neither stuck."""
+    up = unique_in_order(promote, len(state))
+    up = up[(state.node[up] != fast) & ~state.stuck(up)]
+    return _pages(state, up) + _demotable(state, demote, promote, slow)

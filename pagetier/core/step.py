@@ -78,6 +78,26 @@ class Limits:
     room: int | None = None
 
 
+# what stopped an interval's exchange where it did (exchange_limit): the candidates ran out
+# (everything wanted was moved, or nothing was wanted), the fast budget, the fast node's room,
+# the rate limit, or the migration throughput measured so far (the daemon's cap below --rate)
+EXCHANGE_LIMITS = ("candidates", "budget", "node", "rate", "throughput")
+
+
+def exchange_limit(limit: str | None) -> str:
+    """The limit that bound an exchange, from the planner's, mover's or policy's (None: none
+    did, so the candidates ran out): one of EXCHANGE_LIMITS."""
+    return limit if limit in EXCHANGE_LIMITS else "candidates"
+
+
+def wanted_pages(moves: planner.Moves, decision) -> int:
+    """Pages the interval wanted moved: the planner's count of the policy's moves that had
+    somewhere to go plus its forced demotions, or the policy's own ``wanted_pages`` (in its
+    stats: what it would have asked without the limits it applies itself) when that is more."""
+    own = getattr(decision, "stats", {}).get("wanted_pages")
+    return max(int(moves.wanted), int(own or 0))
+
+
 @dataclass
 class Moved:
     """What the mover did with a plan: pages demoted and promoted (planned ones in a dry run),
