@@ -35,6 +35,9 @@ class Config:
     json: bool = False  # one JSON stats line per interval on stdout
     ping_pong_window: int = 4  # a unit moved back within this many intervals is a ping-pong
     control_socket: str | None = None  # default: $PAGETIER_SOCKET, else run_dir()/control.sock
+    # [[cgroup]] tables: [{"path": str, "fast_budget": bytes or None}] (daemon/cgroups.py)
+    cgroup: list = field(default_factory=list)
+    metrics: str | None = None  # "[ADDR:]PORT": serve Prometheus metrics there (daemon/metrics.py)
     # Not in the file: set by the command line or the caller (RUNTIME_KEYS).
     duration: float | None = None  # stop after this many seconds (--duration)
     status_file: str | None = None  # default: run_dir()/daemon-PID.json
@@ -78,6 +81,8 @@ _TYPES = {
     "json": ((bool,), "true or false"),
     "ping_pong_window": ((int,), "an integer"),
     "control_socket": ((str,), "a path"),
+    "cgroup": ((list,), "an array of tables [[cgroup]] with path and fast_budget"),
+    "metrics": ((str, int), "\"[ADDR:]PORT\" (e.g. \"9464\" or \"127.0.0.1:9464\")"),
 }
 KEYS = tuple(_TYPES)
 
@@ -95,8 +100,32 @@ def _validate(raw: dict, where: str) -> dict:
             value = parse_size(value, key, where)
         elif key in ("rate", "interval"):
             value = float(value)
+        elif key == "cgroup":
+            from pagetier.daemon.cgroups import parse_tables
+            value = parse_tables(value, where)
+        elif key == "metrics":
+            addr, port = parse_listen(value, key, where)
+            value = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
         out[key] = value
     return out
+
+
+def parse_listen(value, key: str = "metrics", where: str = "") -> tuple[str, int]:
+    """``"[ADDR:]PORT"`` (or a port number) as (address, port). PORT alone listens on every
+    IPv4 address ("0.0.0.0", as node_exporter's ":PORT" does); ``[::]:PORT`` for IPv6 too. Port 0
+    takes a free one (the log and the status file say which)."""
+    text = str(value).strip()
+    addr, sep, port = text.rpartition(":")
+    if not sep:
+        addr = ""
+    addr = addr.strip()
+    if addr.startswith("[") and addr.endswith("]"):
+        addr = addr[1:-1]
+    pre = f"{where}: " if where else ""
+    if not port.isdigit() or int(port) > 65535 or (":" in addr and not sep) or any(
+            c.isspace() or c in "[]/" for c in addr):
+        raise ConfigError(f"{pre}{key} must be \"[ADDR:]PORT\" with a port 0-65535, got {value!r}")
+    return addr or "0.0.0.0", int(port)
 
 
 def load(path: str | os.PathLike | None = None, overrides: dict | None = None) -> Config:

@@ -94,6 +94,7 @@ from pagetier.daemon.clock import Clock
 from pagetier.daemon.executor import THROUGHPUT_MIN_PAGES, Executor, new_tally
 from pagetier.daemon.fastnode import ROOM_MARGIN, FastNode  # noqa: F401
 from pagetier.daemon.moves import MOVE_TIME_SHARE, DaemonMover  # noqa: F401
+from pagetier.daemon.metrics import per_target_bytes
 from pagetier.daemon.numab import NumaBalancing
 from pagetier.daemon.targets import Targets
 from pagetier.errors import ConfigError, PagetierError
@@ -206,6 +207,8 @@ class Daemon:
         self._signal: int | None = None
         self.history: list[dict] = []  # kept short: the last few stats
         self.totals = {k: 0 for k in TOTALS}
+        self.move_errors: dict[str, int] = {}  # errno name -> pages that failed so, over the run
+        self.metrics = None  # a daemon.metrics.Metrics serving --metrics (set by the CLI)
         self.started = self.clock.time()
         self._t0 = self.stepper.t0
         self.last: dict | None = None
@@ -373,6 +376,8 @@ class Daemon:
                      wall_s=round(time.monotonic() - wall0, 6))
         for k in TOTALS:
             self.totals[k] += stats[k]
+        for name, n in stats["errors"].items():
+            self.move_errors[name] = self.move_errors.get(name, 0) + n
         self.last = stats
         self.history = (self.history + [stats])[-16:]
         return stats
@@ -466,7 +471,8 @@ class Daemon:
         except PagetierError as e:
             log.error("SIGHUP: config not reloaded, keeping the old one: %s", e)
             return
-        for key in ("profiler", "profiler_options", "fast_node", "slow_node", "log_file"):
+        for key in ("profiler", "profiler_options", "fast_node", "slow_node", "log_file",
+                    "metrics"):
             if getattr(new, key) != getattr(self.cfg, key):
                 log.warning("SIGHUP: %s changed; it takes a restart, keeping %r", key,
                             getattr(self.cfg, key))
@@ -475,7 +481,17 @@ class Daemon:
         log.info("SIGHUP: configuration reloaded from %s", new.source)
 
     def write_status(self) -> None:
-        self.report.write_status(report.status_doc(self))
+        doc = report.status_doc(self)
+        # each target's bytes on the fast and slow node, the move errors over the run and the
+        # metrics endpoint: what --metrics serves, from this same document
+        tb = per_target_bytes(self.state, self.cfg.fast_node, self.cfg.slow_node)
+        for t in doc["targets"]:
+            t["fast_bytes"], t["slow_bytes"] = tb.get(t["pid"], (0, 0))
+        doc["move_errors"] = dict(self.move_errors)
+        doc["metrics"] = self.metrics.address if self.metrics is not None else None
+        self.report.write_status(doc)
+        if self.metrics is not None:
+            self.metrics.update(doc, self.profiler)
 
     def _install_signals(self) -> dict:
         old = {}
@@ -686,6 +702,8 @@ class Daemon:
                 finally:
                     self.report.remove_status()
                     self.close_control()
+                    if self.metrics is not None:
+                        self.metrics.close()
                     for sig, h in old.items():
                         signal.signal(sig, h)
         return self._finish_child()

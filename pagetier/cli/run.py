@@ -62,6 +62,10 @@ def daemon_options(f):
         click.option("--json", "-j", "json_", is_flag=True, default=None,
                      help="one JSON stats line per interval"),
         click.option("--log-file", type=click.Path(dir_okay=False), help="also log to this file"),
+        click.option("--metrics", metavar="[ADDR:]PORT",
+                     help="serve Prometheus metrics on http://ADDR:PORT/metrics; PORT alone "
+                          "listens on all IPv4 addresses (like node_exporter), [::]:PORT on IPv6 "
+                          "too, 127.0.0.1:PORT on this machine only"),
         click.option("--duration", "-d", type=float, help="stop after this many seconds"),
         click.option("--verbose", "-v", is_flag=True, help="debug logging"),
     ]
@@ -78,6 +82,7 @@ def _load(kw) -> config_mod.Config:
         "rate": kw["rate"], "interval": kw["interval"], "profiler": kw["profiler"],
         "profiler_options": _kv(kw["profiler_option"], "--profiler-option"),
         "dry_run": kw["dry_run"], "json": kw["json_"], "log_file": kw["log_file"],
+        "metrics": kw["metrics"],
     }
     kw["_overrides"] = overrides
     cfg = config_mod.load(kw["config_path"], overrides)
@@ -116,15 +121,30 @@ def _daemon(cfg, kw, **targets):
     from pagetier.daemon.numab import NumaBalancing
 
     remove_stale_status()
-    profiler = create_profiler(cfg)
+    metrics = None
+    if cfg.metrics:  # listening first: a port in use ends the start before anything is attached
+        from pagetier.daemon.metrics import Metrics
+
+        metrics = Metrics(cfg.metrics)
+        metrics.start()
+    try:
+        profiler = create_profiler(cfg)
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
     try:
         policy = create_policy(cfg)
     except BaseException:
         profiler.close()
+        if metrics is not None:
+            metrics.close()
         raise
     numab = NumaBalancing(dry_run=cfg.dry_run)
     cfg.duration = kw["duration"]
-    return Daemon(cfg, profiler=profiler, policy=policy, numab=numab, **targets)
+    daemon = Daemon(cfg, profiler=profiler, policy=policy, numab=numab, **targets)
+    daemon.metrics = metrics
+    return daemon
 
 
 EPILOG_RUN = """\b
