@@ -17,7 +17,14 @@ the slow node. The scenarios (``scenarios()``):
   the workload's buffer in shared memory (MAP_SHARED|MAP_ANONYMOUS), or a file mapped
   MAP_SHARED on an ext4 the guest mounts for the run (FileSystem: /tmp is a tmpfs, whose pages
   are shmem), dirtied as the hot part is written, read back and checked at the end. The report
-  sets each beside the same scenario on anonymous memory (format_kinds).
+  sets each beside the same scenario on anonymous memory (format_kinds);
+- families not tuned on: nothp (phases and fuller with 4 KiB pages), sweep (phases with the hot
+  part swept in address order, a cache line per page, no THP), preferred (that sweep under
+  ``numactl --preferred=SLOW``: the kernel's NUMA balancing takes no hinting faults for such a
+  policy, so kernel tiering cannot promote and pagetier's row is pagetier alone) and programs
+  (stress-ng's vm stressor and sysbench's memory test, Debian packages, in the place of
+  hotcold: ProgramRun; their memory's share on the fast node from numa_maps and their own
+  throughput figure, set beside kernel tiering's and no migration's by format_programs).
 
 Before the workload starts its accesses (it waits for SIGUSR1), the manager is set up, and the
 fast node's free memory is cut to the same size for every configuration by reserving the rest as
@@ -78,6 +85,20 @@ MEMORY_KINDS = ("anon", "shmem", "file")
 MEMORY_DESCRIPTIONS = {"anon": "", "shmem": " of shared memory (MAP_SHARED|MAP_ANONYMOUS)",
                        "file": " of a file on ext4, MAP_SHARED"}
 KIND_SCENARIOS = ("noise0", "noise100", "fuller", "phases")  # also run on shmem and a file
+PATTERNS = ("random", "sweep")  # hotcold --pattern
+# third-party programs a scenario may run instead of hotcold: the command for a Spec. Neither
+# has a hot part known beforehand: bench live measures their memory's share on the fast node
+# (/proc/PID/numa_maps) and their own throughput figure (ProgramRun).
+PROGRAMS = {
+    # one vm worker keeping one mapping (--vm-keep), reading and writing it at random
+    "stress-ng-vm": lambda s: ["stress-ng", "--vm", "1", "--vm-bytes", f"{s.size_mb}M",
+                               "--vm-keep", "--vm-method", "rand-sum", "--timeout",
+                               f"{s.seconds}s", "--metrics-brief"],
+    # one thread writing a block at random offsets, over and over
+    "sysbench-memory": lambda s: ["sysbench", "memory", f"--memory-block-size={s.size_mb}M",
+                                  "--memory-total-size=100000G", "--memory-access-mode=rnd",
+                                  f"--time={s.seconds}", "run"],
+}
 VMSTAT_KEYS = ("pgmigrate_success", "pgpromote_success", "pgdemote_kswapd", "pgdemote_direct",
                "numa_hint_faults", "thp_migration_success", "thp_migration_split",
                "thp_migration_fail", "thp_split_page")
@@ -102,8 +123,20 @@ class Spec:
     scan_period_ms: int | None = None  # None: the daemon's default (a quarter of interval_s)
     interval_s: float = 1.0  # the daemon's --interval in pagetier's runs
     memory: str = "anon"  # the workload's buffer: anon, shmem or file (MEMORY_KINDS)
+    pattern: str = "random"  # hotcold --pattern: random 8-byte updates, or a sweep in address order
+    # the workload started under ``numactl --preferred=SLOW`` (the kernel's NUMA balancing
+    # takes no hinting faults for it: pagetier moves alone)
+    preferred_slow: bool = False
+    # a third-party program instead of hotcold (PROGRAMS); size_mb is its memory
+    program: str = ""
 
     def check(self) -> None:
+        if self.pattern not in PATTERNS:
+            raise ConfigError(f"bench live: pattern must be one of {', '.join(PATTERNS)}, "
+                              f"got {self.pattern!r}")
+        if self.program and self.program not in PROGRAMS:
+            raise ConfigError(f"bench live: unknown program {self.program!r} (known: "
+                              f"{', '.join(PROGRAMS)})")
         if self.memory not in MEMORY_KINDS:
             raise ConfigError(f"bench live: memory must be one of {', '.join(MEMORY_KINDS)}, "
                               f"got {self.memory!r}")
@@ -134,9 +167,23 @@ class Spec:
             args += ["--cold-rate", str(self.cold_rate)]
         if not self.thp:
             args.append("--no-thp")
+        if self.pattern != "random":
+            args += ["--pattern", self.pattern]
         return args
 
+    def prefix(self) -> list[str]:
+        """What the workload is started under: numactl --preferred=SLOW, or nothing."""
+        return ["numactl", f"--preferred={SLOW}"] if self.preferred_slow else []
+
+    def program_argv(self) -> list[str]:
+        """A third-party program's command line (PROGRAMS), run for ``seconds``."""
+        return PROGRAMS[self.program](self)
+
     def describe(self) -> str:
+        if self.program:
+            return (f"`{' '.join(self.program_argv())}` ({self.size_mb} MiB), first touched on "
+                    f"node {SLOW} under the default policy (node {FAST} full until it has its "
+                    f"memory); budget {self.budget_mb} MiB; {self.seconds} s")
         what = [f"{self.size_mb} MiB{MEMORY_DESCRIPTIONS[self.memory]}, hot {self.hot_mb} MiB"]
         if self.phase:
             what.append(f"moving every {self.phase} s")
@@ -146,6 +193,10 @@ class Spec:
             what.append(f"cold touches {self.cold_rate}/s")
         if self.memory == "anon":  # shmem and page cache are 4 KiB pages here
             what.append("THP" if self.thp else "no THP")
+        if self.pattern == "sweep":
+            what.append("swept in address order, a cache line per page")
+        if self.preferred_slow:
+            what.append(f"under numactl --preferred={SLOW}")
         free = "" if self.node_free_mb is None else f", node free {self.node_free_mb} MiB"
         every = "" if self.interval_s == 1.0 else f"; pagetier interval {self.interval_s:g} s"
         return f"{', '.join(what)}; budget {self.budget_mb} MiB{free}; {self.seconds} s{every}"
@@ -165,6 +216,21 @@ def scenarios() -> dict[str, Spec]:
     # back to B and C less a page each time: after the first phase, two regions alternate
     out["phases"] = Spec("phases", "phases", seconds=30, phase=5, size_mb=288, hot_mb=96,
                          budget_mb=128)
+    # families not tuned on: THP off (4 KiB pages); the hot part swept in address order; a
+    # program under numactl --preferred=SLOW, where the kernel's tiering cannot promote
+    for base in ("phases", "fuller"):
+        s = replace(out[base], name=f"{base}-nothp", family="nothp", thp=False)
+        out[s.name] = s
+    out["phases-sweep"] = replace(out["phases"], name="phases-sweep", family="sweep",
+                                  thp=False, pattern="sweep")
+    out["phases-preferred"] = replace(out["phases"], name="phases-preferred",
+                                      family="preferred", thp=False, pattern="sweep",
+                                      preferred_slow=True)
+    # third-party programs (Debian packages stress-ng, sysbench): all their memory fits in
+    # the budget, so the best placement has all of it on the fast node
+    for prog in PROGRAMS:
+        out[prog] = Spec(prog, "programs", seconds=30, size_mb=96, hot_mb=96, budget_mb=128,
+                         thp=False, program=prog)
     # the same scenarios on shared memory and on a shared file mapping: families shmem, file
     for kind in MEMORY_KINDS[1:]:
         for base in KIND_SCENARIOS:
@@ -513,7 +579,7 @@ class ConfigRun:
         """hotcold started (it waits for SIGUSR1); its pid once it is ready."""
         from pagetier.workload import binary
 
-        argv = [str(binary()), *self.spec.workload_args(self.file)]
+        argv = [*self.spec.prefix(), str(binary()), *self.spec.workload_args(self.file)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
         self.wl = Lines(self.proc.stdout.fileno())
         while self.ready is None and not self.wl.eof:
@@ -647,9 +713,144 @@ class ConfigRun:
             self.file.unlink(missing_ok=True)
 
 
+class ProgramRun(ConfigRun):
+    """A third-party program (Spec.program) in the place of hotcold. It knows no SIGUSR1 and
+    says nothing of a hot part, so:
+
+    - its memory is first touched on the slow node under the default policy (which the
+      kernel's tiering may act on, unlike a numactl binding): the fast node is filled (2 MiB
+      hugetlb pages) before the program starts, its allocations fall back to the slow node,
+      and once it holds its memory the fast node is cut to the scenario's free memory as for
+      hotcold (the program runs from its start: the same for every configuration);
+    - once a second, its memory's share on the fast node from /proc/PID/numa_maps (the
+      anonymous mappings' N0=/N1= page counts), written as the ticks' ``fast_fraction``: its
+      whole memory is the "hot part" (it fits in the budget);
+    - at its end, its own throughput figure from its output (``program_rate``)."""
+
+    READY_S = 600.0  # its memory allocated within this (first touch under emulation is slow)
+
+    def start_workload(self) -> int:
+        self.capacity.set(0)  # the fast node as full as the kernel lets it be
+        argv = self.spec.program_argv()
+        if not shutil.which(argv[0]):
+            raise PagetierError(f"{argv[0]} is not installed (Debian: apt install {argv[0]})")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        want = self.spec.size_mb * 2**20 * 0.9
+        deadline = time.monotonic() + self.READY_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            pid, rss = max(((p, _rss(p)) for p in _tree(self.proc.pid)), key=lambda x: x[1])
+            if rss >= want:
+                self.ready = {"pid": pid, "rss": rss}
+                return pid
+            time.sleep(0.5)
+        raise PagetierError(f"{self.name}: {argv[0]} did not allocate its memory "
+                            f"({self.spec.size_mb} MiB) within {self.READY_S:.0f} s")
+
+    def watch(self, pid: int) -> None:
+        """Once a second until the program ends: its share on the fast node, vmstat, CPU."""
+        spec, name = self.spec, self.name
+        vm0 = vmstats()
+        self.vm0, mig0 = vm0, vm0["pgmigrate_success"]
+        cpu0, prof0 = self.mgr_cpu(), self.prof_cpu()
+        t0 = time.monotonic()
+        self.output = b""
+        while self.proc.poll() is None:
+            fds = [self.proc.stdout.fileno()] + ([self.daemon_fd] if self.dm is not None
+                                                 and not self.dm.eof else [])
+            ready_fds, _, _ = select.select(fds, [], [], 1.0)
+            if self.proc.stdout.fileno() in ready_fds:
+                self.output += os.read(self.proc.stdout.fileno(), 1 << 16)
+            if self.dm is not None and self.daemon_fd in ready_fds:
+                self.dstats += [e for e in self.dm.read() if "interval" in e]
+            t = time.monotonic() - t0
+            if self.ticks and t - self.ticks[-1]["t"] < 1.0:
+                continue
+            fast, slow = numa_maps_pages(pid)
+            if fast + slow == 0:
+                continue
+            share = fast / (fast + slow)
+            self.ticks.append({"t": round(t, 2), "phase": 0, "fast_fraction": round(share, 4),
+                               "access_fast_fraction": -1, "accesses_per_s": None})
+            c, p = self.mgr_cpu(), self.prof_cpu()
+            self.samples.append({
+                "t": round(t, 2), "fast_mb": round(fast * PAGE / 2**20, 1), "moved_pages": 0,
+                "ping_pongs": None, "pgmigrate": vmstat("pgmigrate_success") - mig0,
+                "mgr_cpu_s": None if c is None else round(c - cpu0, 3),
+                "prof_cpu_s": None if p is None else round(p - prof0, 3)})
+            self.log(f"[{spec.name} {name}] t={t:4.0f}s program on fast {share * 100:5.1f}%, "
+                     f"migrated {self.samples[-1]['pgmigrate'] * PAGE / 2**20:6.1f} MB")
+        self.output += self.proc.stdout.read()
+
+    def finish(self) -> dict:
+        rec = super().finish()
+        text = self.output.decode(errors="replace")
+        rate, unit = program_rate(self.spec.program, text)
+        rec.update(memory_ok=self.proc.returncode == 0, program_rate=rate, program_unit=unit,
+                   program_output=text[-2000:])
+        if self.proc.returncode != 0:
+            self.log(f"[{self.spec.name} {self.name}] exit {self.proc.returncode}: {text[-500:]}")
+        return rec
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (stress-ng's workers are its children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of ``pid`` (0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def numa_maps_pages(pid: int) -> tuple[int, int]:
+    """(pages on the fast node, pages on the slow node) of ``pid``'s anonymous mappings, from
+    /proc/PID/numa_maps ((0, 0) when it is gone). N<node>= counts base pages."""
+    fast = slow = 0
+    try:
+        text = Path(f"/proc/{pid}/numa_maps").read_text()
+    except OSError:
+        return 0, 0
+    for line in text.splitlines():
+        if " anon=" not in line:
+            continue
+        for field in line.split():
+            if field.startswith(f"N{FAST}="):
+                fast += int(field[len(f"N{FAST}="):])
+            elif field.startswith(f"N{SLOW}="):
+                slow += int(field[len(f"N{SLOW}="):])
+    return fast, slow
+
+
+def program_rate(program: str, text: str) -> tuple[float | None, str]:
+    """A program's own throughput figure from its output: stress-ng's vm bogo ops/s (real
+    time), sysbench memory's MiB/sec; (None, unit) when it printed none."""
+    import re
+
+    if program.startswith("stress-ng"):
+        m = re.search(r"\]\s+vm\s+\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)", text)
+        return (float(m.group(1)) if m else None), "bogo ops/s"
+    m = re.search(r"\(([\d.]+) MiB/sec\)", text)
+    return (float(m.group(1)) if m else None), "MiB/s"
+
+
 def run_config(name: str, spec: Spec, log=print, file_dir: Path | None = None) -> dict:
     """One configuration against a fresh workload; its record (see live_table)."""
-    run = ConfigRun(name, spec, log, file_dir)
+    run = (ProgramRun if spec.program else ConfigRun)(name, spec, log, file_dir)
     try:
         if not run.start_manager():
             return run.rec
@@ -843,10 +1044,17 @@ def report(doc: dict, command_line: str) -> str:
     head.append(live_table.format_series(rows))
     # the sections that have something to say, each after a blank line
     for section in (live_table.format_phases, live_table.format_runs, live_table.format_moves,
-                    live_table.format_splits, lambda rs: format_kinds(rs, doc)):
+                    live_table.format_splits, lambda rs: format_kinds(rs, doc),
+                    live_table.format_programs):
         text = section(rows)
         if text:
             head += ["", text]
+    for spec in (Spec(**sc["spec"]) for sc in doc["scenarios"]):
+        if spec.preferred_slow:
+            head.append(f"{spec.name}: the workload runs under numactl --preferred={SLOW}; the "
+                        "kernel's NUMA balancing takes no hinting faults for memory under such "
+                        "a policy, so kernel tiering cannot promote it (its row shows that): "
+                        "pagetier's row is pagetier alone")
     for r in rows:
         if r["runnable"] and r.get("memory_ok") is False:
             head.append(f"WARNING: {r['scenario']} {r['config']}: the workload's memory check failed")

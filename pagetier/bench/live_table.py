@@ -166,6 +166,9 @@ def summarize(rec: dict) -> dict:
         "vmstat": rec.get("vmstat", {}),
         "memory_ok": rec.get("memory_ok"),
         "notes": rec.get("notes", []),
+        # a third-party program's own throughput figure (live.ProgramRun; None: hotcold)
+        "program_rate": rec.get("program_rate"),
+        "program_unit": rec.get("program_unit"),
     })
     return out
 
@@ -173,7 +176,7 @@ def summarize(rec: dict) -> dict:
 # the figures a row of repeated runs gives as the median of its runs (live.py --repeat)
 MEDIAN_KEYS = ("seconds", "interval_s", "held", "fast_access", "accesses_per_s", "moved_mb",
                "workload_moved_mb", "ping_pongs", "peak_fast_mb", "mgr_cpu_s", "prof_cpu_s",
-               "fast_capacity_mb", "move_mb", "move_s", "move_mb_s")
+               "fast_capacity_mb", "move_mb", "move_s", "move_mb_s", "program_rate")
 SPREAD_KEYS = ("t95", "held", "moved_mb", "ping_pongs")  # listed per run under the tables
 
 
@@ -396,6 +399,29 @@ def format_phases(rows: list[dict]) -> str:
             label = f"  in intervals of {r['interval_s']:.2f} s"
             out.append(f"{label:<34}" + "".join(f"{_f(t, '.1f', '--'):>6}"
                                                 for t in r["t95_intervals"]))
+    return "\n".join(out)
+
+
+def format_programs(rows: list[dict]) -> str:
+    """The third-party programs' rows: their memory's share on the fast node (no hot part is
+    known beforehand: the whole memory, which fits in the budget), MB moved and the program's
+    own throughput figure beside kernel tiering's and no migration's; '' when none ran."""
+    progs = [r for r in rows if r["runnable"] and r.get("program_unit")]
+    if not progs:
+        return ""
+    base = {(r.get("scenario"), r["config"]): r for r in progs}
+    out = ["third-party programs (their memory's share on the fast node from numa_maps, once a "
+           "second; no hot part is known beforehand; throughput: the program's own figure):",
+           f"{'scenario':<16} {'config':<20} {'t95 s':>6} {'held %':>6} {'MB moved':>8} "
+           f"{'throughput':>22} {'x kern':>6} {'x none':>6}"]
+    for r in progs:
+        k = base.get((r.get("scenario"), "kernel"), {}).get("program_rate")
+        n = base.get((r.get("scenario"), "none"), {}).get("program_rate")
+        rate = r.get("program_rate")
+        out.append(f"{r.get('scenario') or '':<16} {r['config']:<20} {_f(r['t95'], '.1f', '--'):>6} "
+                   f"{_pct(r['held'], '.1f'):>6} {r['moved_mb']:>8.1f} "
+                   f"{_f(rate, '.1f', '--') + ' ' + r['program_unit']:>22} "
+                   f"{_f(ratio(rate, k), '.2f', '--'):>6} {_f(ratio(rate, n), '.2f', '--'):>6}")
     return "\n".join(out)
 
 

@@ -16,7 +16,7 @@
  * Usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N] [--fast-node N]
  *                [--duration S] [--phase S] [--phase-on-signal] [--no-thp] [--noise-ppm N]
  *                [--cold-rate HZ] [--tick-ms MS] [--quiet] [--wait] [--no-verify]
- *                [--memory anon|shmem|file:PATH] [--reuse]
+ *                [--memory anon|shmem|file:PATH] [--reuse] [--pattern random|sweep]
  *
  * --memory: the kind of memory of the buffer. anon (the default): private anonymous memory.
  * shmem: MAP_SHARED|MAP_ANONYMOUS (shared memory, as a fork would share it). file:PATH: a
@@ -34,6 +34,11 @@
  * second in all, a random page outside the hot part (paced by the clock, whatever the access
  * rate). Noise raises the pages' access counters (word 0), but fast_fraction and
  * access_fast_fraction still describe the hot part only.
+ *
+ * --pattern: how the hot part is accessed. random (the default): 8-byte updates at random pages
+ * of it, plus a read of a random word of the page. sweep: the hot part in address order, one
+ * cache line per page (its counter word and the next), wrapping at its end, as a program
+ * streaming through an array touches it; noise applies either way.
  *
  * --phase S: every S seconds the hot part moves to the next window of its size (after the last
  * whole window, back to the first). --phase-on-signal: the moves start at SIGUSR2 (the first S
@@ -96,7 +101,8 @@ static void usage(void)
 			"               [--fast-node N] [--duration S] [--phase S] [--phase-on-signal]\n"
 			"               [--no-thp] [--noise-ppm N] [--cold-rate HZ] [--tick-ms MS]\n"
 			"               [--quiet] [--wait] [--no-verify]\n"
-			"               [--memory anon|shmem|file:PATH] [--reuse]\n");
+			"               [--memory anon|shmem|file:PATH] [--reuse]\n"
+			"               [--pattern random|sweep]\n");
 	exit(2);
 }
 
@@ -159,7 +165,7 @@ int main(int argc, char **argv)
 {
 	long size_mb = 256, hot_mb = 32, hot_off_mb = 0, start_node = -1, fast_node = 0;
 	long duration = 30, phase = 0, thp = 1, quiet = 0, wait = 0, noise_ppm = 0, cold_rate = 0;
-	long tick_ms = 1000, phase_on_signal = 0, verify = 1, reuse = 0;
+	long tick_ms = 1000, phase_on_signal = 0, verify = 1, reuse = 0, sweep = 0;
 	const char *memory = "anon", *path = NULL;
 	int i, fd = -1;
 	for (i = 1; i < argc; i++) {
@@ -181,6 +187,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--no-verify")) verify = 0;
 		else if (!strcmp(a, "--reuse")) reuse = 1;
 		else if (!strcmp(a, "--memory") && v) memory = v, i++;
+		else if (!strcmp(a, "--pattern") && v && (!strcmp(v, "random") || !strcmp(v, "sweep")))
+			sweep = !strcmp(v, "sweep"), i++;
 		else usage();
 	}
 	if (!strncmp(memory, "file:", 5) && memory[5])
@@ -290,7 +298,7 @@ int main(int argc, char **argv)
 
 	double t0 = now(), last = t0, frac_sum = 0, acc_frac_sum = 0, f = 0, wf = 0;
 	double cold_due = 0, last_cold = t0; /* cold touches owed by --cold-rate, paced by the clock */
-	uint64_t accesses = 0, tick_acc = 0, lcg = 12345, noise_lcg = 67890;
+	uint64_t accesses = 0, tick_acc = 0, lcg = 12345, noise_lcg = 67890, sweep_pos = 0;
 	/* --noise-ppm: an access goes anywhere when (x % 1000000) < noise_ppm */
 	long ticks = 0, cur_phase = 0;
 	double phase_t0 = t0; /* the moves count from here (SIGUSR2 with --phase-on-signal) */
@@ -298,7 +306,7 @@ int main(int argc, char **argv)
 	while (!stop && (duration == 0 || now() - t0 < duration)) {
 		for (int r = 0; r < 4096; r++) {
 			lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
-			size_t p = hot_first + (lcg >> 33) % hot_pages;
+			size_t p = hot_first + (sweep ? sweep_pos++ % hot_pages : (lcg >> 33) % hot_pages);
 			if (noise_ppm) {
 				noise_lcg = noise_lcg * 6364136223846793005ULL + 1442695040888963407ULL;
 				if ((long)((noise_lcg >> 20) % 1000000) < noise_ppm)
@@ -306,7 +314,7 @@ int main(int argc, char **argv)
 			}
 			volatile uint64_t *w = (uint64_t *)(buf + p * PAGE);
 			w[0]++;
-			(void)w[1 + (lcg & (WORDS - 2))];
+			(void)w[sweep ? 1 : 1 + (lcg & (WORDS - 2))];
 		}
 		accesses += 4096, tick_acc += 4096;
 		double t = now();
