@@ -21,6 +21,7 @@ COMMANDS = {
     "demo": "pagetier.cli.demo",
     "heatmap": "pagetier.cli.heatmap",
     "kmod": "pagetier.cli.kmod",
+    "kube-sync": "pagetier.cli.kube_sync",
     "record": "pagetier.cli.record",
     "report": "pagetier.cli.report",
     "run": "pagetier.cli.run",
