@@ -11,7 +11,6 @@ import sys
 
 import click
 
-from pagetier import __version__
 from pagetier.errors import ConfigError, PagetierError
 
 # subcommand name -> module of pagetier/cli/ holding a click command named `command`
@@ -42,8 +41,19 @@ class LazyGroup(click.Group):
         return importlib.import_module(mod).command
 
 
+def _version(ctx, param, value):
+    """--version: the version is read only then (pagetier.__version__ imports numpy)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from pagetier import __version__
+
+    click.echo(f"pagetier, version {__version__}")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="pagetier")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version and exit.")
 def cli():
     """pagetier: profile page accesses and move hot pages to the fast memory tier."""
 
