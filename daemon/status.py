@@ -70,4 +70,8 @@ def format_status(doc: dict) -> str:
         res = " ".join(f"node{n} {b / mib:.0f}M" for n, b in sorted(last.get("resident", {}).items()))
         lines.append(f"  interval {last['interval']}: fast {last['fast_used'] / mib:.0f} of "
                      f"{last['budget'] / mib:.0f} MiB budget; {res}; cpu {last['cpu_s'] * 1000:.1f} ms")
+        if last.get("wanted_bytes"):  # what its exchange wanted, moved, and what stopped it there
+            moved = (last.get("promoted", 0) + last.get("demoted", 0)) * 4096
+            lines.append(f"  exchange {last['wanted_bytes'] / mib:.0f} MiB wanted, "
+                         f"{moved / mib:.0f} MiB moved: {last.get('limit')}")
     return "\n".join(lines)

@@ -357,3 +357,14 @@ def test_the_daemon_stats_say_what_stopped_the_exchange(tmp_path, budget, rate, 
     assert (s["bytes_moved"] == s["wanted_bytes"]) == (limit == "candidates")
     assert d.last["limit"] == limit and d.last["wanted_bytes"] == s["wanted_bytes"]
     assert f"want 16M moved {s['bytes_moved'] >> 20}M: {limit}" in human_line(s, 0, 1)
+
+
+def test_pagetier_status_shows_the_last_exchange_and_its_limit():
+    from pagetier.daemon.status import format_status
+
+    last = {"interval": 7, "fast_used": 100 << 20, "budget": 128 << 20, "resident": {},
+            "cpu_s": 0.01, "promoted": 18 * 256, "demoted": 0, "wanted_bytes": 64 << 20,
+            "limit": "rate"}
+    doc = {"pid": 1, "alive": True, "config": {}, "last": last, "totals": {}}
+    assert "exchange 64 MiB wanted, 18 MiB moved: rate" in format_status(doc)
+    assert "exchange" not in format_status({**doc, "last": {**last, "wanted_bytes": 0}})
