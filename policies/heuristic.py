@@ -16,6 +16,8 @@ Each rule is a module of policies/rules/ (its docstring says what it decides and
 8. throttle (rules/throttle.py): move-backs and oversubscription slow exchanges down;
 9. phase change (rules/phase.py): the access pattern, and a new hot set acted on at once;
 10. victims (rules/victims.py): which fast units make room, in what order;
+11. sparse evidence (rules/sparse.py): on thinly sampled reads, rates estimated across reads
+    with Poisson confidence bounds decide instead of one read's margins;
 
 and rules/plan.py puts the verdicts together into moves. The policy reads the state only
 through rules/view.py. Stats (``Decision.stats``, shown under "policy" in the daemon's JSON
@@ -48,6 +50,7 @@ from pagetier.policies.rules.phase import (INTERVAL_SCALE, PHASE_CHANGE_SCALE,  
 from pagetier.policies.rules.plan import Frame, make_plan, which_limit
 from pagetier.policies.rules.planner import fill_budget, plan_moves  # noqa: F401
 from pagetier.policies.rules.residency import counted_move_backs, idle_out, movers
+from pagetier.policies.rules.sparse import SparseEvidence, sparse_plan
 from pagetier.policies.rules.throttle import (Throttle, oversubscribed, resampled,
                                               throttled_moves)
 from pagetier.policies.rules.victims import coldest_first, victim_pool
@@ -76,6 +79,7 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         self._chosen: np.ndarray | None = None  # sorted keys of the last decision's promotions
         # the intervals of the last young reads (their moves are guesses, rules/young.py)
         self._young_moves: deque[int] = deque(maxlen=self.config.thrash_window + 1)
+        self._evidence = SparseEvidence(self.config.sparse_decay)  # samples across reads
 
     def decide(self, state, ctx: Context) -> Decision:
         """The decision looks at candidates, not at every unit, when the state keeps them
@@ -87,6 +91,11 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         now, decay = view.interval, view.decay
         u, rest = view.units()
         cap = Capacity.of(ctx, c)
+        if c.sparse and u.rate is not None:
+            sampled = np.flatnonzero(u.rate > 0)
+            self._evidence.add(u.keys(sampled), u.rate[sampled])
+            if self._evidence.sparse(c):
+                return self._sparse_decision(view, ctx, cap)
         known, fast = u.node >= 0, u.node == ctx.fast_node
         used = view.pages_on(ctx.fast_node, u)
         last_hot = self._prev_hot  # sorted keys of the last hot set (_classify replaces it)
@@ -148,6 +157,22 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         # a new hot set seen in part (its units' rates not all estimated yet): read again soon
         return Decision(promote=u.idx[p].astype(np.int64), demote=u.idx[d].astype(np.int64),
                         stats=stats, read_soon=self._phase_check == "weak")
+
+    def _sparse_decision(self, view: PageView, ctx: Context, cap: Capacity) -> Decision:
+        """The decision on sparse evidence (rules/sparse.py), over every unit of the state."""
+        idx = np.arange(len(view.state))
+        _, _, node, npages, last_move = view.columns(None if not view.incremental else idx)
+        used = int(npages[node == ctx.fast_node].sum())
+        p, d, stats = sparse_plan(view.keys(idx), node, npages, last_move, view.stuck(idx),
+                                  self._evidence, ctx.fast_node, view.interval, used,
+                                  cap.high, cap.must(used), max(0, int(ctx.max_moves)),
+                                  self.config)
+        promoted, demoted = int(npages[p].sum()), int(npages[d].sum())
+        stats.update({"fast_capacity": cap.node, "fast_used": used,
+                      "fast_after": used + promoted - demoted, "promote_pages": promoted,
+                      "demote_pages": demoted, "exchange": bool(promoted and demoted)})
+        self._chosen = None
+        return Decision(promote=p.astype(np.int64), demote=d.astype(np.int64), stats=stats)
 
     def _fast_units(self, view: PageView, u: Units, hot: HotSet, fast, must: int,
                     max_moves: int, seen_now: bool, node: int) -> np.ndarray:

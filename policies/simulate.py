@@ -186,6 +186,44 @@ class SimResult:
         return d
 
 
+def parse_sample_rate(text: str) -> float:
+    """A thinning rate: ``1/100`` or ``0.01``, in (0, 1]."""
+    t = str(text).strip()
+    try:
+        if "/" in t:
+            num, den = t.split("/", 1)
+            r = float(num) / float(den)
+        else:
+            r = float(t)
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"--sample {text!r}: give a rate such as 1/1000 or 0.001") from None
+    if not 0 < r <= 1:
+        raise ConfigError(f"--sample {text!r}: a sampling rate is in (0, 1]")
+    return r
+
+
+def thin(frames, rate: float, seed: int = 0, per_count: float = 1.0) -> list:
+    """``frames`` as a sampler taking each access with probability ``rate`` would see them
+    (Bernoulli thinning, as PEBS-like hardware sampling): each unit's count becomes
+    ``binomial(round(count * per_count), rate)``. ``per_count`` is how many real accesses one
+    recorded count stands for (the cost model's ``accesses_per_count``): a recorded trace's
+    count is a scan hit, not an access, so its accesses are thinned, not its counts. Units
+    that get no sample stay in the frame with count 0 (the address space is still known), so
+    first-touch placement and the footprint are the true trace's. Deterministic for a
+    ``seed``; ``freq`` is dropped (the rates come from the thinned counts)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for f in frames:
+        samples = {}
+        for pid in sorted(f[2]):
+            s = f[2][pid]
+            n = np.rint(np.asarray(s.count, np.float64) * per_count).astype(np.int64)
+            c = rng.binomial(n, rate).astype(np.uint32)
+            samples[pid] = s.take(slice(None), count=c, freq=np.zeros(0, np.float32))
+        out.append((f[0], f[1], samples))
+    return out
+
+
 def frame_interval_s(frames) -> float:
     """The median spacing of the frames' timestamps, 1.0 when there are fewer than two."""
     ts = [float(f[1]) for f in frames]
@@ -257,8 +295,10 @@ class _Charge:
     def __init__(self):
         self.fast = self.slow = 0
 
-    def count(self, s: Sample) -> None:
-        c = s.count.astype(np.int64)
+    def count(self, s: Sample, true_count=None) -> None:
+        """Charge ``s``'s units where they are; ``true_count``: the accesses to charge when
+        the policy saw a thinned ``s.count``."""
+        c = np.asarray(s.count if true_count is None else true_count).astype(np.int64)
         on_fast = s.node == FAST
         self.fast += int(c[on_fast].sum())
         self.slow += int(c[~on_fast].sum())
@@ -279,7 +319,7 @@ class _Charge:
         return acc_s
 
 
-def _reads(st: PageState, samples: dict, cfg: SimConfig, charge: _Charge):
+def _reads(st: PageState, samples: dict, cfg: SimConfig, charge: _Charge, truth=None):
     """The frame's samples as the Step's reads, each placed where the simulator has its units
     when the one before it has been merged (first touch fills the capacity in order).
 
@@ -287,16 +327,22 @@ def _reads(st: PageState, samples: dict, cfg: SimConfig, charge: _Charge):
     1``), and counts are taken as recorded (no ``max_count``). The daemon weighs its reads by
     the seconds they cover because its reads come at uneven times; a replay's frames are even
     by construction, and the policies' thresholds are set on these rates (the builtin traces,
-    read every 0.5 s, give other decisions with rates per second)."""
+    read every 0.5 s, give other decisions with rates per second).
+
+    ``truth``: the true frame's samples when ``samples`` are thinned (:func:`thin`, the same
+    units in the same order): the charge is on their counts."""
     for pid in sorted(samples):
         s = _placed(st, samples[pid], cfg.placement, cfg.capacity)
-        charge.count(s)
+        charge.count(s, None if truth is None else truth[pid].count)
         yield Read(pid=int(pid), sample=s, elapsed_s=1.0, interval_s=1.0)
 
 
 def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
-             name: str | None = None, events: dict | None = None) -> SimResult:
+             name: str | None = None, events: dict | None = None, truth=None) -> SimResult:
     """Replay ``frames`` through ``policy`` (a Policy, or a name for ``policies.create``).
+
+    ``truth``: the unthinned frames when ``frames`` are a sampled view of them (:func:`thin`):
+    the policy sees ``frames``, the cost model charges ``truth``'s accesses.
 
     ``events``: frame index -> list of policies.Annotation, delivered (``policy.annotate``)
     after that frame's samples (which the policy ``observe``s, as in the daemon) and before its
@@ -310,6 +356,10 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
     if hasattr(frames, "intervals"):  # a profiler.trace.Trace
         frames = frames.intervals()
     frames = list(frames)
+    if truth is not None:
+        truth = list(truth)
+        if len(truth) != len(frames):
+            raise ConfigError("simulate: the true frames and the sampled ones differ in length")
     interval_s = cfg.interval_s or frame_interval_s(frames)
     limits = Limits(budget=int(cfg.capacity), rate=rate_pages(cfg.rate_mb_s, interval_s))
     res = SimResult(policy=name or getattr(policy, "name", "?"), capacity=int(cfg.capacity))
@@ -321,7 +371,7 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
         clock.now = float(t)
         step.begin()
         charge = _Charge()
-        step.merge(_reads(st, samples, cfg, charge))
+        step.merge(_reads(st, samples, cfg, charge, None if truth is None else truth[k][2]))
         res.max_fast_pages = max(res.max_fast_pages, st.pages_on(FAST))
         acc_s = charge.add_to(res, cfg.cost)
         res.intervals += 1

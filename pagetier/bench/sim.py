@@ -77,7 +77,8 @@ LOSS_TOLERANCE = 1e-4  # time ratios within 0.01% count as a tie (the estimate i
 
 def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow",
               rl_model=None, oracle=True, oracle_time_limit=30.0, oracle_groups=256,
-              oracle_windows=120, oracle_budget=None, progress=None) -> tuple[list, list]:
+              oracle_windows=120, oracle_budget=None, progress=None, samples=None, seed=0,
+              sample_of="accesses") -> tuple[list, list]:
     """Every (trace, capacity, policy) run: (runs, static runs), one dict per run.
 
     Each (trace, capacity) also gets the best static placement (policies/oracle.py), in the
@@ -87,7 +88,14 @@ def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow
     ILP's own. ``distance_to_oracle`` is relative to the oracle's time.
 
     ``oracle_budget``: seconds for all oracle solves together; each solve gets at most its
-    share of what is left (and ``oracle_time_limit``), so the whole bench stays bounded."""
+    share of what is left (and ``oracle_time_limit``), so the whole bench stays bounded.
+
+    ``samples``: [(label, rate), ...] to replay each trace thinned at each rate
+    (policies/simulate.py ``thin``, with ``seed``; ``sample_of`` "accesses": a count stands
+    for the cost model's ``accesses_per_count`` accesses, "counts": the counts as recorded).
+    The policies see the thinned counts and are charged the true ones; static placement and
+    the oracle are planned on the true counts once per trace and capacity (the yardstick does
+    not depend on the rate). Each policy row then says its ``sample`` label."""
     from pagetier.policies import oracle as oracle_mod
     from pagetier.policies.simulate import SimConfig, capacity_pages, footprint, simulate
 
@@ -95,10 +103,15 @@ def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow
     base_cost = cost
     solves_left = len(traces) * len(capacities)
     budget_end = None if oracle_budget is None else time.monotonic() + oracle_budget
-    for name, frames, interval_s in traces:
+    from pagetier.policies.simulate import thin
+
+    for ti, (name, frames, interval_s) in enumerate(traces):
         cost = for_trace(base_cost, frames, interval_s)
         fp = footprint(frames)
         units = oracle_mod.trace_units(frames)
+        per_count = cost.accesses_per_count if sample_of == "accesses" else 1.0
+        views = [(None, frames, None)] if not samples else [
+            (label, thin(frames, r, seed + 7919 * ti, per_count), frames) for label, r in samples]
         for cap_spec in capacities:
             cap = capacity_pages(cap_spec, fp)
             cfg = SimConfig(capacity=cap, cost=cost, rate_mb_s=rate, interval_s=interval_s,
@@ -130,17 +143,86 @@ def run_bench(traces, policies, capacities, cost, *, rate=512.0, placement="slow
                              "vs_static": y.gap_to_static, "distance_to_oracle": 0.0})
                 if progress:
                     progress()
-            for pol in policies:
-                opts = {"model": str(rl_model)} if pol == "rl" else None
-                res = simulate(frames, pol, cfg, options=opts, name=pol)
-                row = {**base, **_row(res), "static_est_time_s": static_s,
-                       "vs_static": vs(res.est_time_s)}
-                if ref:
-                    row["distance_to_oracle"] = res.est_time_s / ref - 1.0
-                rows.append(row)
-                if progress:
-                    progress()
+            for label, seen, truth in views:
+                for pol in policies:
+                    opts = {"model": str(rl_model)} if pol == "rl" else None
+                    res = simulate(seen, pol, cfg, options=opts, name=pol, truth=truth)
+                    row = {**base, **_row(res), "static_est_time_s": static_s,
+                           "vs_static": vs(res.est_time_s)}
+                    if label is not None:
+                        row["sample"] = label
+                    if ref:
+                        row["distance_to_oracle"] = res.est_time_s / ref - 1.0
+                    rows.append(row)
+                    if progress:
+                        progress()
     return rows, statics
+
+
+def sample_rows(rows: list[dict], label) -> list[dict]:
+    """The oracle's rows and the policies' rows of sampling rate ``label``."""
+    return [r for r in rows if r["policy"] == "oracle" or r.get("sample") == label]
+
+
+SAMPLE_GOAL = 1.03  # the sampled-trace goal: heuristic at most this times the oracle
+
+
+def sample_summary(rows: list[dict], statics: list[dict], label: str,
+                   policy: str = DEFAULT_POLICY) -> str:
+    """One line for sampling rate ``label``: the mean time over static placement of
+    ``policy``, lru and the oracle, ``policy``'s worst ratio to lru and to the oracle, and in
+    how many (trace, capacity) pairs it is no slower than lru and within ``SAMPLE_GOAL`` of
+    the oracle."""
+    sub = sample_rows(rows, label)
+    by = {(r["trace"], r["capacity"], r["policy"]): r for r in sub}
+
+    def mean(p):
+        xs = [1.0 + r["vs_static"] for r in sub if r["policy"] == p]
+        return f"{p} {sum(xs) / len(xs):.3f}" if xs else None
+
+    parts = [m for m in (mean(policy), mean("lru"), mean("oracle")) if m]
+    vs_lru, vs_opt, met = [], [], 0
+    for st in statics:
+        k = (st["trace"], st["capacity"])
+        mine, lru, opt = by.get((*k, policy)), by.get((*k, "lru")), by.get((*k, "oracle"))
+        if mine is None:
+            continue
+        a = lru and mine["est_time_s"] / lru["est_time_s"]
+        b = opt and mine["est_time_s"] / opt["est_time_s"]
+        if a:
+            vs_lru.append(a)
+        if b:
+            vs_opt.append(b)
+        met += bool((a is None or a <= 1.0 + LOSS_TOLERANCE) and (b is None or b <= SAMPLE_GOAL))
+    out = f"sample {label}: time / static: {', '.join(parts)}"
+    if vs_lru:
+        out += f"; {policy}/lru mean {sum(vs_lru) / len(vs_lru):.3f} worst {max(vs_lru):.3f}"
+    if vs_opt:
+        out += f"; {policy}/oracle mean {sum(vs_opt) / len(vs_opt):.3f} worst {max(vs_opt):.3f}"
+    if vs_lru or vs_opt:
+        goal = "no slower than lru" + (f", within {SAMPLE_GOAL:g}x the oracle" if vs_opt else "")
+        out += f"; {goal} in {met} of {len(statics)}"
+    return out
+
+
+def format_sample_table(rows: list[dict], statics: list[dict], label: str) -> str:
+    """For sampling rate ``label``: each (trace, capacity)'s time over static placement, one
+    column per policy and the oracle (planned on the true counts)."""
+    sub = sample_rows(rows, label)
+    pols = list(dict.fromkeys(r["policy"] for r in sub if r["policy"] != "oracle"))
+    if any(r["policy"] == "oracle" for r in sub):
+        pols.append("oracle")
+    by = {(r["trace"], r["capacity"], r["policy"]): r for r in sub}
+    w = max([12] + [len(p) for p in pols])
+    out = [f"sampled at {label}: time / best static placement",
+           f"{'trace':<16} {'cap':>4} " + " ".join(f"{p:>{w}}" for p in pols)]
+    for st in statics:
+        cells = []
+        for p in pols:
+            r = by.get((st["trace"], st["capacity"], p))
+            cells.append(f"{'-' if r is None else format(1.0 + r['vs_static'], '.3f'):>{w}}")
+        out.append(f"{st['trace'][:16]:<16} {str(st['capacity']):>4} " + " ".join(cells))
+    return "\n".join(out)
 
 
 def _row(res) -> dict:

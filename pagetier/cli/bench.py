@@ -103,13 +103,24 @@ def command():
                    "oracle's ILP.")
 @click.option("--oracle-windows", type=click.IntRange(1, None), default=120, show_default=True,
               help="At most this many time windows in the oracle's ILP.")
+@click.option("--sample", "sample_rates", metavar="RATE[,RATE...]",
+              help="Replay each trace as a sampled one: each access seen with probability "
+                   "RATE (1/1000 or 0.001; Bernoulli thinning). The policies see the samples, "
+                   "the cost model charges every access; one table per rate.")
+@click.option("--sample-of", type=click.Choice(["accesses", "counts"]), default="accesses",
+              show_default=True,
+              help="What --sample thins: the accesses a recorded count stands for "
+                   "(--accesses-per-count), or the recorded counts themselves.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the --sample thinning.")
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
 @click.option("-o", "--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a plot of each run's time against the best static placement "
                    "(PNG, SVG or PDF).")
 def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns, migrate_us,
               migrate_mb_s, accesses_per_count, rate, placement, rl_model, no_oracle,
-              oracle_time_limit, oracle_budget, oracle_groups, oracle_windows, as_json, plot_path):
+              oracle_time_limit, oracle_budget, oracle_groups, oracle_windows, sample_rates,
+              sample_of, seed, as_json, plot_path):
     """Replay TRACES through each policy at each capacity and estimate the run time.
 
     \b
@@ -127,7 +138,16 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
       pagetier bench sim synth:hotcold synth:zipf:seed=2 --capacity 10%,25%,50%
       pagetier bench sim run.trace --preset dram-pmem --policies heuristic,lru -o plot.png
       pagetier bench sim synth:phased --policies heuristic,rl --rl-model rl.npz --json
+      pagetier bench sim --sample 1/100,1/1000,1/10000 --policies lru,heuristic
     """
+    from pagetier.policies.simulate import parse_sample_rate
+
+    samples = None
+    if sample_rates is not None:
+        labels = sim.split_list(sample_rates)
+        if not labels:
+            raise ConfigError(f"--sample {sample_rates!r}: give a rate such as 1/1000 or 0.001")
+        samples = [(lb, parse_sample_rate(lb)) for lb in labels]
     pols = sim.split_list(policies)
     if not pols:
         raise ConfigError(f"--policies {policies!r}: name at least one policy")
@@ -153,15 +173,20 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
 
         traces = [f"builtin:{n}" for n in builtin_traces.names()]
     loaded = [sim.load_trace(t) for t in traces]
-    n = len(loaded) * len(caps) * (len(pols) + (1 if no_oracle else 2))
+    n = len(loaded) * len(caps) * (len(pols) * len(samples or [None]) + (1 if no_oracle else 2))
     t0 = time.monotonic()
     with click.progressbar(length=n, label="simulating", file=sys.stderr) as bar:
         rows, statics = sim.run_bench(loaded, pols, caps, cost, rate=rate, placement=placement,
                              rl_model=rl_model, oracle=not no_oracle,
                              oracle_time_limit=oracle_time_limit, oracle_budget=oracle_budget,
                              oracle_groups=oracle_groups,
-                             oracle_windows=oracle_windows, progress=lambda: bar.update(1))
-    found = sim.losses(rows, statics)
+                             oracle_windows=oracle_windows, progress=lambda: bar.update(1),
+                             samples=samples, seed=seed, sample_of=sample_of)
+    if samples:
+        found = [dict(x, sample=lb) for lb, _ in samples
+                 for x in sim.losses(sim.sample_rows(rows, lb), statics)]
+    else:
+        found = sim.losses(rows, statics)
     if as_json:
         click.echo(json.dumps({"preset": cost.name, "cost": dataclasses.asdict(cost), "runs": rows,
                                "static": statics, "losses": found}, indent=1))
@@ -172,11 +197,21 @@ def bench_sim(traces, policies, capacities, preset, cost_file, fast_ns, slow_ns,
                                                        for r in rows):
             click.echo("recorded traces: counts scaled so that all-fast time = recorded duration "
                        "(--accesses-per-count auto)")
-        click.echo(sim.format_table(rows, statics))
-        note = sim.format_losses(found, statics, rows)
-        if note:
-            click.echo(note)
+        if samples:
+            click.echo(f"sampled: {sample_of} thinned at each rate (seed {seed}); the oracle "
+                       "and static placement plan on the true counts")
+            for lb, _ in samples:
+                click.echo(sim.format_sample_table(rows, statics, lb))
+                click.echo(sim.sample_summary(rows, statics, lb))
+        else:
+            click.echo(sim.format_table(rows, statics))
+            note = sim.format_losses(found, statics, rows)
+            if note:
+                click.echo(note)
     if plot_path:
+        if samples:  # a panel per trace and rate
+            rows = [dict(r, trace=f"{r['trace']} @{r['sample']}") for r in rows if "sample" in r]
+            statics = []
         sim.plot(rows + statics, plot_path)
         click.echo(f"plot written to {plot_path}", err=True)
     click.echo(f"{n} runs in {time.monotonic() - t0:.0f} s", err=True)

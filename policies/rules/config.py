@@ -58,6 +58,10 @@ class Config:
     look_between_reads: bool = True  # a phase change read at the period end that shows it (phase)
     young_corrections: bool = True  # moving back what a young read moved: no move-back (residency)
     per_page: bool = True  # rank units by heat per page (False: by each unit's heat)
+    sparse: bool = True  # on sparse evidence, decide on rates across reads (rules/sparse.py)...
+    sparse_samples: float = 1.2  # ...sparse: half the samples from units seen < this a read
+    sparse_decay: float = 0.9  # ...each read's samples count this much less a read later
+    sparse_z: float = 1.0  # ...confidence bounds this many standard deviations out
 
     def check(self):
         bad = option_error("heuristic", self)
@@ -98,5 +102,11 @@ class Config:
             bad("phase_mass", "must be in (0, 1]")
         if self.held_reads < 1:
             bad("held_reads", "must be >= 1")
+        if not self.sparse_samples >= 0:
+            bad("sparse_samples", "must be >= 0")
+        if not 0 < self.sparse_decay < 1:
+            bad("sparse_decay", "must be in (0, 1)")
+        if not self.sparse_z >= 0:
+            bad("sparse_z", "must be >= 0")
         if not 0 <= self.phase_jaccard <= self.regular_jaccard:
             bad("phase_jaccard", f"must be in [0, regular_jaccard={self.regular_jaccard}]")
