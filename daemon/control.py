@@ -10,6 +10,8 @@ connect; every request is authorized from the peer's kernel-reported credentials
   be one of the daemon's targets;
 - ``attach`` / ``detach`` of a PID: only by root or by the user every uid of the process
   (real, effective, saved) is (ptrace's rule for unprivileged users: not a setuid program);
+- ``add_cgroup`` (``path``, ``fast_budget``: bytes, a size string or null) / ``remove_cgroup``
+  (``path``): root only; a removed cgroup's processes are detached, their pages left in place.
 - ``status``: anyone, showing only the targets the caller owns (all of them to root).
 
 One request per line, a JSON object with ``op``; one reply per line, ``{"ok": true, ...}`` or
@@ -36,7 +38,8 @@ from pathlib import Path
 from typing import Callable
 
 from pagetier import protocol
-from pagetier.daemon import report
+from pagetier.core.units import parse_size
+from pagetier.daemon import cgroups, report
 from pagetier.errors import ConfigError, PagetierError
 from pagetier.policies.base import Annotation
 from pagetier.protocol import ANNOTATION_OPS, MAX_LINE, OPS  # noqa: F401  (the wire protocol)
@@ -322,7 +325,38 @@ class Requests:
             return self.annotate(peer, op, req)
         if op == "status":
             return self.status(peer)
+        if op in ("add_cgroup", "remove_cgroup"):
+            return self.cgroup(peer, op, req)
         return self.manage(peer, op, _pid_arg(req))
+
+    def cgroup(self, peer: Peer, op: str, req: dict) -> dict:
+        """Manage a cgroup from now on (with its budget), or let one go (root only)."""
+        if peer.uid != 0:
+            raise RequestError(f"{op}: only root may add or remove cgroups (uid {peer.uid})")
+        path = req.get("path")
+        if not isinstance(path, str) or not path:
+            raise RequestError(f"{op}: give \"path\", a cgroup v2 directory")
+        tracker = self.daemon.tracker
+        if op == "remove_cgroup":
+            known = {str(p): p for p in tracker.cgroups}
+            p = known.get(path)
+            if p is None:
+                try:
+                    p = cgroups.resolve(path)
+                except ConfigError:
+                    p = None
+            if p is None or not tracker.remove_cgroup(p, f"removed at the request of pid {peer.pid}"):
+                raise RequestError(f"remove_cgroup: cgroup {path} is not managed by this daemon")
+            return {"path": str(p)}
+        budget = req.get("fast_budget")
+        try:
+            p = cgroups.resolve(path)
+            if budget is not None:
+                budget = parse_size(budget, "fast_budget", f"add_cgroup {path}")
+        except ConfigError as e:
+            raise RequestError(str(e)) from None
+        tracker.add_cgroup(p, budget)
+        return {"path": str(p), "fast_budget": budget}
 
     def annotate(self, peer: Peer, op: str, req: dict) -> dict | None:
         """An application's annotation of itself, passed to the policy; a policy that asks for

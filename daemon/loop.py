@@ -87,6 +87,7 @@ from pagetier.core.state import PageState
 from pagetier.core.step import STUCK_RETRY, Limits, Outcome, Read, Step  # noqa: F401
 from pagetier.core.step import exchange_limit, wanted_pages
 from pagetier.core.units import PAGE_SIZE
+from pagetier.daemon import cgroups as cgroups_mod
 from pagetier.daemon import config as config_mod
 from pagetier.daemon import control
 from pagetier.daemon import report
@@ -179,7 +180,7 @@ class Daemon:
     (tests pass stand-ins; ``numab=False``: leave numa_balancing alone).
     """
 
-    def __init__(self, cfg, *, pids=(), cgroup: str | None = None,
+    def __init__(self, cfg, *, pids=(), cgroup: str | None = None, cgroups=(), tree: bool = False,
                  child: subprocess.Popen | None = None, profiler=None, policy=None, mover=None,
                  numab: NumaBalancing | bool | None = None, state: PageState | None = None,
                  clock: Clock | None = None, out=None):
@@ -190,7 +191,11 @@ class Daemon:
             numab = NumaBalancing(dry_run=cfg.dry_run)
         self.numab = numab or None
         self.state = state if state is not None else PageState()
-        self.tracker = Targets(self.profiler, self.state, pids=pids, cgroup=cgroup, child=child)
+        # cgroups: (path, budget bytes or None) pairs, besides cfg.cgroup's tables; tree: follow
+        # the child's /proc descendants (daemon/targets.py)
+        cgs = [(cgroups_mod.resolve(c["path"]), c["fast_budget"]) for c in cfg.cgroup]
+        self.tracker = Targets(self.profiler, self.state, pids=pids, cgroup=cgroup, child=child,
+                               cgroups=[*cgs, *cgroups], tree=tree)
         self.executor = Executor(self.state, self.profiler,
                                  mover if mover is not None else mover_mod,
                                  lambda pid: self.tracker.alive(pid), clock=self.clock)
@@ -391,7 +396,10 @@ class Daemon:
         budget = self.fastnode.budget_pages()
         limit = max(0, (measured if self._by_throughput else rate) - self._interval_moved)
         self.fastnode.begin_step()
-        return Limits(budget=budget, rate=limit, room=self.fastnode.room_pages())
+        room = self.fastnode.room_pages()
+        # the managed cgroups' own budgets and fair shares (daemon/cgroups.py)
+        groups = cgroups_mod.plan_groups(self.tracker, self.state, budget, room, self.cfg.fast_node)
+        return Limits(budget=budget, rate=limit, room=room, groups=groups)
 
     def _step_stats(self, out: Outcome) -> dict:
         """The stats of a step's moves and of the fast node after them."""

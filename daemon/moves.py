@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from pagetier.core import planner
+from pagetier.core import planner, shares
 from pagetier.core.step import Limits, Moved
 from pagetier.core.units import PAGE_SIZE
 from pagetier.daemon.executor import Executor, new_tally
@@ -91,8 +91,12 @@ class DaemonMover:
             # for promotions into free room alone. Otherwise a node a few pages short (other
             # tenants, pages the kernel refused to demote) clips a 2 MiB unit off an exchange
             room += min(demoted, ROOM_MARGIN // PAGE_SIZE)
-        promote, limit = planner.plan_promotions(state, decision.promote, limits.budget, room,
+        # with groups, the first plan's promotions are the most each group may have
+        asked = planned if limits.groups else decision.promote
+        promote, limit = planner.plan_promotions(state, asked, limits.budget, room,
                                                  limits.rate - demoted, fast=cfg.fast_node)
+        if limits.groups:
+            promote = shares.refit(state, promote, list(limits.groups), fast=cfg.fast_node)
         if limit == "node" and room <= 0:
             self.executor.node_full(cfg.fast_node, True, "free memory at its high watermark")
         self.executor.move(promote, cfg.fast_node, *moving)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pagetier.daemon import cgroups
 from pagetier.daemon import config as config_mod
 
 log = logging.getLogger("pagetier.daemon")
@@ -44,6 +45,11 @@ def log_top_allocations(n: int = 12) -> None:
                        for st in top))
 
 
+def _cgroup_of(daemon, pid: int) -> str | None:
+    g = daemon.tracker.group_of(pid)
+    return None if g is None else str(g.path)
+
+
 def status_doc(daemon) -> dict:
     """The status file's document for ``daemon`` (a daemon.loop.Daemon)."""
     return {
@@ -52,8 +58,13 @@ def status_doc(daemon) -> dict:
         "updated": daemon.clock.time(),
         "config": config_mod.as_dict(daemon.cfg),
         "config_source": daemon.cfg.source,
-        "targets": [{"pid": p, "name": daemon.tracker.name(p)} for p in sorted(daemon.targets)],
+        "targets": [{"pid": p, "name": daemon.tracker.name(p), "cgroup": _cgroup_of(daemon, p)}
+                    for p in sorted(daemon.targets)],
         "cgroup": str(daemon.tracker.cgroup) if daemon.tracker.cgroup else None,
+        # each managed cgroup: path, fast_budget (bytes, None: a fair share), pids, and its
+        # targets' fast_bytes and slow_bytes
+        "cgroups": cgroups.status(daemon.tracker, daemon.state, daemon.cfg.fast_node,
+                                  daemon.cfg.slow_node),
         "totals": daemon.totals,
         "last": daemon.last,
         "control_socket": str(daemon.control.path) if daemon.control else None,

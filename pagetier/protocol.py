@@ -27,7 +27,8 @@ SOCKET_NAME = "control.sock"
 # what an application says about itself (the sentinel policy's input)
 ANNOTATION_OPS = ("hello", "start_profile", "end_profile", "add_layer", "register", "unregister")
 # what users and tools ask of the daemon
-ADMIN_OPS = ("attach", "detach", "status")
+# (add_cgroup / remove_cgroup: root only; {"path": P, "fast_budget": BYTES or null})
+ADMIN_OPS = ("attach", "detach", "status", "add_cgroup", "remove_cgroup")
 OPS = (*ANNOTATION_OPS, *ADMIN_OPS)
 MAX_LINE = 64 << 10  # a longer request is an error and closes the connection
 

@@ -187,6 +187,21 @@ def _attach(profiler: Profiler, pids: list[int]) -> dict:
     return procs
 
 
+def _follow(profiler: Profiler, new, pids: list[int], live: list[int], procs: dict) -> None:
+    """Attach to and describe the processes of ``new`` not recorded yet (one that exits or
+    cannot be attached meanwhile is skipped)."""
+    for pid in new:
+        if pid in procs or not _alive(pid):
+            continue
+        try:
+            profiler.attach(pid)
+        except (PagetierError, OSError):
+            continue
+        procs[pid] = describe_process(pid)
+        pids.append(pid)
+        live.append(pid)
+
+
 def _trace_meta(profiler: Profiler, pids: list[int], interval_s: float, all_pages: bool,
                 meta: dict | None, procs: dict) -> dict:
     """The trace's metadata at the start (the process details are added by :func:`_finish`)."""
@@ -273,11 +288,13 @@ def _detach(profiler: Profiler, pids: list[int]) -> dict:
 def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: float = 1.0,
                  duration: float | None = None, all_pages: bool = False, nodes: bool = True,
                  meta: dict | None = None, child: subprocess.Popen | None = None,
-                 progress: Progress | None = None, stop=None) -> dict:
+                 progress: Progress | None = None, stop=None, follow=None) -> dict:
     """Attach ``profiler`` to ``pids``, read every ``interval_s`` into a trace at ``out``.
 
-    Stops after ``duration`` seconds, when every pid has exited, or when ``stop()`` returns
-    True. Returns a summary dict.
+    ``follow()`` (optional) gives, before each read, the pids to record from then on too (the
+    started command's descendants): each is attached and described, and its rows carry its
+    own pid like every process's. Stops after ``duration`` seconds, when every pid has exited,
+    or when ``stop()`` returns True. Returns a summary dict.
     """
     from pagetier.profiler.trace import TraceWriter
 
@@ -286,6 +303,7 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
     progress = progress or Progress(False)
     procs = _attach(profiler, pids)
     m = _trace_meta(profiler, pids, interval_s, all_pages, meta, procs)
+    pids = list(pids)  # grows with the followed processes
     live = list(pids)
     pages_total, t0 = 0, time.monotonic()
     tmp = out + ".partial"
@@ -298,6 +316,8 @@ def record_trace(profiler: Profiler, pids: list[int], out: str, interval_s: floa
             stopping = _wait(next_t, t0, duration, stop)
             t = time.monotonic() - t0
             next_t = max(next_t + interval_s, time.monotonic())  # late: no burst of reads
+            if follow is not None:
+                _follow(profiler, follow(), pids, live, procs)
             pages = _read_all(profiler, w, live, procs, interval, t, all_pages, nodes, child)
             pages_total += pages
             progress.show(t, interval, pages, w.rows + w._buffered, tmp)

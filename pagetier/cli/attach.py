@@ -8,6 +8,7 @@ import click
 import psutil
 
 from pagetier.cli.run import _daemon, _load, daemon_options, setup_logging
+from pagetier.daemon import cgroups
 from pagetier.errors import ConfigError, Unavailable
 
 
@@ -24,13 +25,14 @@ def _parse_pids(spec: str | None) -> list[int]:
     return pids
 
 
-def _cgroup_path(path: str) -> Path:
-    p = Path(path)
-    for cand in (p, Path("/sys/fs/cgroup") / path.lstrip("/")):
-        if (cand / "cgroup.procs").exists():
-            return cand
-    raise ConfigError(f"--cgroup {path}: not a cgroup v2 directory (no cgroup.procs there or "
-                      "under /sys/fs/cgroup)")
+def _cgroup_spec(spec: str) -> tuple[Path, int | None]:
+    """``--cgroup PATH[:BUDGET]`` -> (the cgroup's directory, budget bytes or None)."""
+    path, budget = cgroups.parse_spec(spec)
+    try:
+        return cgroups.resolve(path), budget
+    except ConfigError:
+        raise ConfigError(f"--cgroup {path}: not a cgroup v2 directory (no cgroup.procs there or "
+                          f"under {cgroups.CGROUP_ROOT})") from None
 
 
 EPILOG_ATTACH = """\b
@@ -38,23 +40,29 @@ Examples:
   pagetier attach 1234 --fast-budget 2G
   pagetier attach 1234,1240 --json --log-file /var/log/pagetier.log
   pagetier attach --cgroup system.slice/myapp.service -c /etc/pagetier/pagetier.toml
+  pagetier attach --cgroup app1.slice:2G --cgroup app2.slice:1G --cgroup batch.slice
 
-With PIDs it ends when they have all exited; with --cgroup it follows processes as they
-join and leave and ends when the cgroup is removed (or on SIGTERM).
+With PIDs it ends when they have all exited; with --cgroup (repeatable, each with its own
+budget) it follows processes as they join and leave and ends when every cgroup is removed
+(or on SIGTERM).
 """
 
 
 @click.command("attach", epilog=EPILOG_ATTACH)
 @daemon_options
-@click.option("--cgroup", metavar="PATH", help="manage a cgroup v2's processes (and new ones)")
+@click.option("--cgroup", "cgroup", metavar="PATH[:BUDGET]", multiple=True,
+              help="manage a cgroup v2's processes (and new ones), with a fast budget of its own "
+                   "(e.g. :2G; default: a fair share); repeatable")
 @click.argument("pids", required=False, metavar="[PID[,PID...]]")
 def command(pids, cgroup, **kw):
     """Manage the placement of running processes' pages."""
     pid_list = _parse_pids(pids)
-    cg = _cgroup_path(cgroup) if cgroup else None
-    if not pid_list and cg is None:
+    cgs = [_cgroup_spec(c) for c in cgroup]
+    if not pid_list and not cgs and not kw["config_path"]:
         raise click.UsageError("give PID[,PID...] or --cgroup PATH")
     cfg = _load(kw)
+    if not pid_list and not cgs and not cfg.cgroup:
+        raise click.UsageError("give PID[,PID...], --cgroup PATH or [[cgroup]] tables in the config")
     setup_logging(cfg, kw["verbose"])
-    daemon = _daemon(cfg, kw, pids=pid_list, cgroup=str(cg) if cg else None)
+    daemon = _daemon(cfg, kw, pids=pid_list, cgroups=cgs)
     sys.exit(daemon.run())

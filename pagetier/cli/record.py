@@ -108,7 +108,8 @@ def command(backend, options, pid_text, interval_ms, duration, output, all_pages
         summary = record_trace(profiler, pids, output, interval_s=interval_ms / 1000,
                                duration=duration, all_pages=all_pages, nodes=not no_nodes,
                                meta={"command": " ".join(cmd)} if cmd else None, child=child,
-                               progress=Progress(not quiet), stop=lambda: stopping["flag"])
+                               progress=Progress(not quiet), stop=lambda: stopping["flag"],
+                               follow=None if child is None else _descendants(child))
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -117,6 +118,21 @@ def command(backend, options, pid_text, interval_ms, duration, output, all_pages
     if child is not None:
         summary["exit_status"] = child.returncode
     _print_summary(summary, as_json)
+
+
+def _descendants(child: subprocess.Popen):
+    """The started command's descendants (children, grandchildren, later forks), asked before
+    each read while it runs: the trace records its whole process tree."""
+    import psutil
+
+    def follow() -> list[int]:
+        if child.poll() is not None:
+            return []
+        try:
+            return [p.pid for p in psutil.Process(child.pid).children(recursive=True)]
+        except psutil.Error:
+            return []
+    return follow
 
 
 def _print_summary(summary: dict, as_json: bool) -> None:

@@ -9,6 +9,7 @@ import sys
 import click
 
 from pagetier.cli import stop_child
+from pagetier.daemon import cgroups
 from pagetier.daemon import config as config_mod
 from pagetier.daemon.status import remove_stale_status
 from pagetier.errors import ConfigError, PagetierError
@@ -167,6 +168,7 @@ def command(cmd, **kw):
     cfg = _load(kw)
     setup_logging(cfg, kw["verbose"])
     daemon = _daemon(cfg, kw)
+    cg = None  # the command's own cgroup
     # numa_balancing off before the command first touches its memory
     try:
         daemon.numab.disable()
@@ -174,11 +176,25 @@ def command(cmd, **kw):
         env = dict(os.environ)
         if daemon.control is not None:
             env["PAGETIER_SOCKET"] = str(daemon.control.path)  # pagetier.annotate finds it
+        # the command's whole process tree is managed: in a cgroup of its own when one can be
+        # made (root, cgroup v2), else by following its /proc descendants (daemon/targets.py)
+        cg = cgroups.make_run_cgroup(cfg.profiler)
         try:
-            child = subprocess.Popen(list(cmd), env=env)
+            child = subprocess.Popen(list(cmd), env=env,
+                                     preexec_fn=cgroups.enter(cg) if cg else None)
         except OSError as e:
             raise PagetierError(f"cannot start {cmd[0]}: {e.strerror}")
+        except subprocess.SubprocessError as e:  # could not enter the cgroup: start it without
+            log.info("cannot start the command in cgroup %s (%s): following its descendants",
+                     cg, e)
+            cgroups.remove_run_cgroup(cg)
+            cg = None
+            child = subprocess.Popen(list(cmd), env=env)
         daemon.adopt(child)
+        if cg is not None:
+            daemon.tracker.add_cgroup(cg)
+        else:
+            daemon.tracker.tree = True
         rc = daemon.run()
     except BaseException:
         stop_child(daemon.child)
@@ -186,4 +202,6 @@ def command(cmd, **kw):
         daemon.numab.restore()
         daemon.close_control()
         raise
+    finally:
+        cgroups.remove_run_cgroup(cg)
     sys.exit(rc)

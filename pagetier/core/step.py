@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
-from pagetier.core import planner
+from pagetier.core import planner, shares
 from pagetier.core.sample import Sample
 from pagetier.core.state import NEVER
 
@@ -71,11 +71,14 @@ class Read:
 class Limits:
     """What one interval's moves must fit in, in 4 KiB pages: ``budget`` movable pages of the
     targets on the fast node, ``rate`` pages moved, and the fast node's ``room`` above its high
-    watermark (None: unknown, no limit but the budget)."""
+    watermark (None: unknown, no limit but the budget); ``groups``: targets with budgets of
+    their own (pagetier.core.shares.Group: the daemon's cgroups), planned by
+    pagetier/core/shares.py."""
 
     budget: int
     rate: int
     room: int | None = None
+    groups: tuple = ()
 
 
 # what stopped an interval's exchange where it did (exchange_limit): the candidates ran out
@@ -199,8 +202,12 @@ class Step:
         t = time.process_time()
         dec = self.policy.decide(st, ctx)
         decide_s = time.process_time() - t
-        moves = planner.plan(st, dec, lim.budget, lim.room, lim.rate, fast=self.fast,
-                             slow=self.slow)
+        if lim.groups:
+            moves = shares.plan(st, dec, list(lim.groups), lim.budget, lim.room, lim.rate,
+                                fast=self.fast, slow=self.slow)
+        else:
+            moves = planner.plan(st, dec, lim.budget, lim.room, lim.rate, fast=self.fast,
+                                 slow=self.slow)
         moved = self.mover.move(st, moves, dec, lim)
         return Outcome(ctx, dec, moves, moved, capacity, decide_s, lim)
 

@@ -1,0 +1,170 @@
+"""The move planner for targets in groups (the daemon's managed cgroups), each with its own fast
+budget: :func:`plan` keeps a policy's moves within every group's budget as well as the
+daemon's budget, rate and the fast node's room.
+
+- A group's demotions are the policy's demotions of its own units, kept only when the group
+  promotes in the same decision (an exchange within the group) or holds more than its budget:
+  a policy deciding for all targets at once may demote one group's units to make room for
+  another's, and one group never evicts another's pages.
+- Forced demotions: a group over its budget demotes its own coldest fast units.
+- Promotions: a group's own, within its budget left after its demotions. Room on the fast node
+  for them comes from the group's own demotions and from the node's free room; the free room
+  is shared fairly (max-min: each group gets what it asks up to an equal share of what is
+  left, and what a group leaves goes to the others).
+- The rate is used group by group, the group that goes first turning each interval.
+
+Sizes are 4 KiB pages. Like pagetier/core/planner.py, pure: ``state`` is not changed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagetier.core import planner
+from pagetier.core.planner import Moves, fit, unique_in_order
+
+
+@dataclass(frozen=True)
+class Group:
+    """Targets planned together: a name (a cgroup's path), their pids and their budget."""
+
+    name: str
+    pids: frozenset
+    budget: int
+
+
+def members(state, pids) -> np.ndarray:
+    """Boolean per unit: which belong to one of ``pids``."""
+    idx = [i for i, p in enumerate(state.pids) if p in pids and p != -1]
+    if not idx or not len(state):
+        return np.zeros(len(state), bool)
+    return np.isin(state.target, np.asarray(idx))
+
+
+def _pages(state, idx) -> int:
+    return int(state.npages[idx].sum(dtype=np.int64))
+
+
+def _movable_fast(state, mask: np.ndarray, fast: int) -> int:
+    on = np.flatnonzero(mask & (state.node == fast))
+    return _pages(state, on[~state.unmovable(on)])
+
+
+def fair_shares(asked: list[int], total: int) -> list[int]:
+    """Max-min fair split of ``total`` among demands ``asked``."""
+    out = [0] * len(asked)
+    left = max(0, total)
+    todo = sorted(range(len(asked)), key=lambda i: asked[i])
+    for k, i in enumerate(todo):
+        out[i] = min(asked[i], left // (len(todo) - k))
+        left -= out[i]
+    return out
+
+
+def plan(state, decision, groups: list[Group], budget: int, node_room: int | None, rate: int,
+         *, fast: int = 0, slow: int = 1) -> Moves:
+    """The moves of ``decision`` within each group's budget, ``budget`` (all targets), the
+    node's room (None: unknown) and ``rate`` pages (see the module doc). Units of no group
+    are not moved."""
+    n = len(state)
+    promote_all = unique_in_order(decision.promote, n)
+    demote_all = unique_in_order(decision.demote, n)
+    asked = len(promote_all) + len(demote_all)
+    masks = [members(state, g.pids) for g in groups]
+    start = state.interval % len(groups) if groups else 0
+    order = list(range(start, len(groups))) + list(range(start))
+    rate_left = rate
+    total_used = state.movable_on(fast)
+    per: dict[int, dict] = {}
+    for i in order:  # demotions, group by group
+        g, m = groups[i], masks[i]
+        pro = promote_all[m[promote_all]]
+        pro = pro[(state.node[pro] != fast) & ~state.stuck(pro)]
+        dem = demote_all[m[demote_all]]
+        dem = dem[(state.node[dem] != slow) & (state.node[dem] >= 0) & ~state.stuck(dem)]
+        dem = dem[~np.isin(dem, pro)]
+        used = _movable_fast(state, m, fast)
+        if not len(pro) and used <= g.budget:
+            dem = dem[:0]  # the group neither exchanges nor is over budget: its pages stay
+        dem = fit(dem, state.npages, rate_left)
+        rate_left -= _pages(state, dem)
+        on_fast = dem[state.node[dem] == fast]
+        used -= _pages(state, on_fast[~state.unmovable(on_fast)])
+        forced = dem[:0]
+        if used > g.budget:
+            cand = np.flatnonzero(m & (state.node == fast))
+            cand = cand[~np.isin(cand, dem) & ~np.isin(cand, pro) & ~state.stuck(cand)]
+            cand = cand[np.lexsort((state.last_access[cand], state.heat[cand]))]
+            c = np.cumsum(state.npages[cand].astype(np.int64))
+            k = int(np.searchsorted(c, used - g.budget, side="left")) + 1
+            forced = fit(cand[:k], state.npages, rate_left)
+            rate_left -= _pages(state, forced)
+            f = forced[~state.unmovable(forced)]
+            used -= _pages(state, f)
+        out = np.concatenate([dem, forced]).astype(np.int64)
+        freed = _pages(state, out[state.node[out] == fast])
+        total_used -= _pages(state, out[(state.node[out] == fast) & ~state.unmovable(out)])
+        per[i] = {"demote": dem, "forced": forced, "promote": pro, "used": used, "freed": freed}
+    # promotions: each group's budget, then the free room shared fairly, then the rate
+    limit = None
+    want = []
+    for i in range(len(groups)):
+        p = per[i]
+        kept = fit(p["promote"], state.npages, max(0, groups[i].budget - p["used"]))
+        if len(kept) < len(p["promote"]):
+            limit = "budget"
+        p["kept"] = kept
+        want.append(max(0, _pages(state, kept) - p["freed"]))
+    room = None if node_room is None else fair_shares(want, node_room)
+    global_left = budget - total_used
+    promote = []
+    for i in order:
+        p = per[i]
+        kept = p["kept"]
+        if room is not None:
+            r = fit(kept, state.npages, room[i] + p["freed"])
+            if len(r) < len(kept):
+                limit = "node"
+            kept = r
+        cap = min(rate_left, global_left)
+        r = fit(kept, state.npages, cap)
+        if len(r) < len(kept):
+            limit = "rate" if rate_left < global_left else "budget"
+        kept = r
+        rate_left -= _pages(state, kept)
+        global_left -= _pages(state, kept)
+        promote.append(kept)
+
+    def cat(key):
+        parts = [per[i][key] for i in order]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    forced = cat("forced")
+    kw = {}
+    if "wanted" in Moves.__dataclass_fields__ and hasattr(planner, "wanted_pages"):
+        kw["wanted"] = planner.wanted_pages(state, decision.demote, decision.promote, fast=fast,
+                                            slow=slow) + _pages(state, forced)
+    return Moves(demote=cat("demote"), forced=forced,
+                 promote=np.concatenate(promote).astype(np.int64) if promote else forced[:0],
+                 limit=limit, asked=asked, **kw)
+
+
+def refit(state, promote: np.ndarray, groups: list[Group], *, fast: int = 0) -> np.ndarray:
+    """``promote`` (a plan's promotions, planned again after the demotions) less what would take
+    a group over its budget now (the kernel may have refused some of its demotions)."""
+    keep = np.zeros(len(promote), bool)
+    for g in groups:
+        m = members(state, g.pids)
+        mine = np.flatnonzero(m[promote])
+        ok = fit(promote[mine], state.npages, g.budget - _movable_fast(state, m, fast))
+        keep[mine[:len(ok)]] = True
+    return promote[keep]
+
+
+def usage(state, pids, fast: int, slow: int) -> tuple[int, int]:
+    """(pages on the fast node, pages on the slow node) of ``pids``' units."""
+    m = members(state, pids)
+    return (int(state.npages[m & (state.node == fast)].sum(dtype=np.int64)),
+            int(state.npages[m & (state.node == slow)].sum(dtype=np.int64)))
+
