@@ -281,10 +281,12 @@ def list_pods(url: str, node: str, token_file: str | os.PathLike | None = None,
 def run(get_pods: Callable[[], dict], sync: Sync, node: str, cgroup_root: str | os.PathLike,
         interval: float, sleep: Callable[[float], None], rounds: int | None = None) -> None:
     """Every ``interval`` seconds: the node's pods, resolved, then one :meth:`Sync.step`.
-    A round that fails (API server or daemon unreachable) is logged and the next one tries
-    again; with ``rounds`` (a count), a failure is raised instead."""
+    A round that fails (API server or daemon unreachable) is logged, once while the same error
+    lasts, and the next one tries again; with ``rounds`` (a count), the last round's failure is
+    raised."""
     n = 0
     warned: set[str] = set()
+    failed = None  # the last round's error: a daemon still starting is said once, not every round
     while rounds is None or n < rounds:
         if n:
             sleep(interval)
@@ -297,6 +299,12 @@ def run(get_pods: Callable[[], dict], sync: Sync, node: str, cgroup_root: str | 
             warned = set(warnings)
             sync.step(pods)
         except PagetierError as e:
-            if rounds is not None:
+            if rounds is not None and n == rounds:
                 raise
-            log.warning("%s (trying again in %g s)", e, interval)
+            if str(e) != failed:
+                log.warning("%s (trying again every %g s)", e, interval)
+            failed = str(e)
+            continue
+        if failed is not None:
+            log.info("the API server and the daemon answer again")
+        failed = None

@@ -28,6 +28,7 @@ import yaml
 import pagetier
 from pagetier.cli import main
 from pagetier.daemon import config, control, kube
+from pagetier.errors import PagetierError
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -514,6 +515,23 @@ def test_kube_sync_without_a_daemon_says_so(tmp_path, api, capsys):
               "--socket", str(tmp_path / "no.sock"), "--cgroup-root", str(tmp_path)])
     err = capsys.readouterr().err
     assert e.value.code == 1 and "no such file (is a pagetier daemon running?)" in err
+
+
+def test_a_lasting_failure_is_logged_once_and_the_loop_goes_on(tmp_path, fake_daemon, caplog):
+    make_cgroup(tmp_path, EXPECTED[("systemd", "Burstable")])
+    answers = iter([None, None, None, {"items": [pod(**budget("1G"))]}])
+
+    def get_pods():
+        doc = next(answers)
+        if doc is None:
+            raise PagetierError("API server https://10.96.0.1:443: connection refused")
+        return doc
+
+    with caplog.at_level("INFO", logger="pagetier.kube"):
+        kube.run(get_pods, sync_for(fake_daemon), "node-1", tmp_path, 10.0, lambda _: None,
+                 rounds=4)
+    assert sum("connection refused" in r.message for r in caplog.records) == 1
+    assert fake_daemon.ops() == [("add_cgroup", f"kubepods-burstable-pod{U_}.slice", 1 << 30)]
 
 
 def test_api_server_url_from_the_pod_environment(monkeypatch):
