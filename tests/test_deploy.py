@@ -15,8 +15,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import socketserver
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -532,6 +534,48 @@ def test_a_lasting_failure_is_logged_once_and_the_loop_goes_on(tmp_path, fake_da
                  rounds=4)
     assert sum("connection refused" in r.message for r in caplog.records) == 1
     assert fake_daemon.ops() == [("add_cgroup", f"kubepods-burstable-pod{U_}.slice", 1 << 30)]
+
+
+def test_kube_sync_drives_a_real_daemon(tmp_path, api):
+    """kube-sync's requests as the daemon takes them: `pagetier attach` (stub profiler, dry run)
+    manages a pod's cgroup with the annotated budget, then lets it go when the pod is gone."""
+    run = Path(tempfile.mkdtemp(prefix="pt-kd-", dir="/tmp"))  # short: a socket path's limit
+    keep = make_cgroup(tmp_path, "system.slice/other.service")  # the daemon's own target
+    pod_cg = make_cgroup(tmp_path, EXPECTED[("systemd", "Burstable")])
+    env = {**os.environ, "PAGETIER_RUN_DIR": str(run)}
+    d = subprocess.Popen([sys.executable, "-m", "pagetier.cli", "attach", "--cgroup", str(keep),
+                          "--profiler", "stub", "--dry-run", "--json", "--interval", "0.5"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         cwd=REPO)
+    sock = run / "control.sock"
+
+    def cgroups():
+        doc = control.request(sock, {"op": "status"}, timeout=10)["status"]
+        return {c["path"]: c["fast_budget"] for c in doc["cgroups"]}
+
+    try:
+        assert d.stdout.readline().startswith("{"), d.stderr.read()  # the first interval ran
+        api.pods = [pod(**budget("64Mi"))]
+        seen = []
+
+        def sleep(_):
+            seen.append(cgroups())
+            api.pods = []
+
+        sync = kube.Sync(lambda req: control.request(sock, req, timeout=10))
+        kube.run(lambda: kube.list_pods(api.url, "node-1"), sync, "node-1", tmp_path, 1.0,
+                 sleep, rounds=2)
+        assert seen == [{str(keep): None, str(pod_cg): 64 << 20}]
+        assert cgroups() == {str(keep): None}
+    finally:
+        d.send_signal(signal.SIGTERM)
+        try:
+            d.communicate(timeout=20)
+        finally:
+            if d.poll() is None:
+                d.kill()
+                d.wait()
+            shutil.rmtree(run, ignore_errors=True)
 
 
 def test_api_server_url_from_the_pod_environment(monkeypatch):
