@@ -152,6 +152,19 @@ def test_the_build_variant_builds_and_loads_the_module_the_image_carries():
     assert dev["hostPath"].get("type", "") == ""
 
 
+def test_the_init_container_compares_the_version_the_module_reports():
+    """build-module skips the build when the loaded module's sysfs version is the one in the
+    image's dkms.conf: the two must be written alike ("0.5.0")."""
+    ds = one("daemonset-build-module.yaml", "DaemonSet")
+    script = ds["spec"]["template"]["spec"]["initContainers"][0]["command"][-1]
+    want = next(ln for ln in script.splitlines() if ln.startswith("want="))
+    want = want.replace("/opt/pagetier/kmod", str(REPO / "kmod"))
+    r = subprocess.run(["sh", "-c", f'{want}; echo "$want"'], capture_output=True, text=True)
+    assert r.stdout.strip() == pagetier.__version__
+    sh = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
+    assert sh.returncode == 0, sh.stderr
+
+
 def test_the_dockerfile_installs_this_package():
     text = (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^FROM debian:12", text, re.M)
