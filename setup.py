@@ -106,7 +106,7 @@ setup(
         "test": ["pytest>=7.4,<10", "virtme-ng>=1.30,<2", "gymnasium>=0.29,<2", "build>=1,<2",
                  "import-linter>=2.16,<3",
                  # tests/test_deploy.py validates deploy/'s manifests against the Kubernetes schema
-                 "kubernetes-validate>=1.28,<2"],
+                 "kubernetes-validate>=1.28,<2", "PyYAML>=6,<7"],
         "trace": [],  # kept for old install lines: pyarrow and pandas are core now
         "rl": ["gymnasium>=0.29,<2"],
         "ilp": ["highspy>=1.7,<2"],  # kept for old install lines: highspy is core now
