@@ -8,10 +8,12 @@ placement tests check, with the daemon's JSON stats lines for the budget.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -104,8 +106,39 @@ def test_attach_moves_hot_pages(env, numab_on, tmp_path):
     assert NUMAB.read_text().strip() == "1"
 
 
+def scrape_matches_status(env) -> None:
+    """One scrape of the daemon's --metrics endpoint agrees with `pagetier status --json` of
+    the same interval: the target's bytes on the fast and the slow node, the nodes' totals,
+    and pagetier.ko's scan time (STATS) is there."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for _ in range(5):  # a scrape and a status read that straddle an interval's end: again
+        doc = json.loads(subprocess.run([*PAGETIER, "status", "--json"], capture_output=True,
+                                        text=True, env=env, check=True).stdout)[0]
+        with urllib.request.urlopen(f"http://{doc['metrics']}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+        if got.get(("pagetier_interval", ())) == doc["last"]["interval"]:
+            break
+    else:
+        raise AssertionError(f"no scrape at the status file's interval: {doc['last']}")
+    t = doc["targets"][0]
+    assert t["fast_bytes"] + t["slow_bytes"] >= 32 * MIB, t  # its 64 MiB buffer, tracked
+    for tier, node in (("fast", "0"), ("slow", "1")):
+        key = ("pagetier_target_resident_bytes",
+               (("cgroup", t.get("cgroup") or ""), ("node", node), ("pid", str(t["pid"])),
+                ("tier", tier)))
+        assert got[key] == t[f"{tier}_bytes"], (key, got.get(key), t)
+        assert got[("pagetier_resident_bytes", (("node", node),))] == \
+            doc["last"]["resident"].get(node, 0)
+    assert got[("pagetier_promoted_bytes_total", ())] == doc["totals"]["promoted"] * 4096
+    assert got[("pagetier_profiler_scan_seconds_total", (("pid", str(t["pid"])),))] > 0
+
+
 def test_sigterm_stops_cleanly(env, numab_on, tmp_path):
-    cmd = [*PAGETIER, "run", "--json", "--fast-budget", "96M", "--interval", "1", "--",
+    cmd = [*PAGETIER, "run", "--json", "--fast-budget", "96M", "--interval", "1",
+           "--metrics", "127.0.0.1:0", "--",
            str(binary()), "--size", "64", "--hot", "16", "--start-node", "1", "--duration", "0"]
     d = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -121,6 +154,7 @@ def test_sigterm_stops_cleanly(env, numab_on, tmp_path):
         assert list((tmp_path / "run").glob("daemon-*.json"))
         st = subprocess.run([*PAGETIER, "status"], capture_output=True, text=True, env=env)
         assert st.returncode == 0 and "hotcold" in st.stdout, st.stderr
+        scrape_matches_status(env)
         d.send_signal(signal.SIGTERM)
         out, err = d.communicate(timeout=60)
     finally:
