@@ -87,7 +87,14 @@ class Collector:
 
     def set(self, doc: dict, profiler_stats: dict | None = None,
             cpu_s: float | None = None) -> None:
-        self.snapshot = {"doc": doc, "profiler": profiler_stats or {},
+        last, prev = doc.get("last") or {}, (self.snapshot or {}).get("last") or {}
+        # the last interval's length: from the previous interval's end to this one's
+        took = None
+        if last and prev and last.get("interval", 0) > prev.get("interval", 0):
+            took = (last["t"] - prev["t"]) / (last["interval"] - prev["interval"])
+        elif self.snapshot is not None:
+            took = self.snapshot.get("took")
+        self.snapshot = {"doc": doc, "last": last, "took": took, "profiler": profiler_stats or {},
                          "cpu_s": time.process_time() if cpu_s is None else cpu_s}
 
     def describe(self):
@@ -132,6 +139,9 @@ class Collector:
         yield gauge("pagetier_targets", "Processes managed", len(doc.get("targets", [])))
         if last:
             yield gauge("pagetier_interval", "Number of the last interval", last.get("interval", 0))
+            if snap.get("took") is not None:
+                yield gauge("pagetier_interval_duration_seconds",
+                            "How long the last interval took (read to read)", snap["took"])
             yield gauge("pagetier_step_duration_seconds",
                         "Wall time of the last interval's step (read, decide, move)",
                         last.get("wall_s", 0))

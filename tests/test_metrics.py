@@ -100,6 +100,20 @@ def test_collector_series_from_the_status_document(tmp_path):
     assert info and ("profiler", "kmod") in info[0][1]
 
 
+def test_collector_interval_duration(tmp_path):
+    c = Collector(node_root=tmp_path / "none", vmstat=tmp_path / "none", cgroup_root=tmp_path)
+    doc = status_doc()
+    doc["last"] = {**doc["last"], "interval": 9, "t": 10.0}
+    c.set(doc)
+    assert ("pagetier_interval_duration_seconds", ()) not in samples(c)  # one interval seen
+    doc = status_doc()
+    doc["last"] = {**doc["last"], "interval": 11, "t": 12.5}  # two intervals in 2.5 s
+    c.set(doc)
+    assert samples(c)[("pagetier_interval_duration_seconds", ())] == 1.25
+    c.set(doc)  # the same interval written again: the same duration
+    assert samples(c)[("pagetier_interval_duration_seconds", ())] == 1.25
+
+
 def test_collector_limit_none_and_before_the_first_interval(tmp_path):
     c = Collector(node_root=tmp_path / "none", vmstat=tmp_path / "none", cgroup_root=tmp_path)
     assert not [k for k in samples(c) if k[0].startswith("pagetier_") and "vmstat" not in k[0]]
