@@ -143,3 +143,33 @@ def test_sparse_rule_stays_out_of_dense_reads():
     pol.decide = watching
     simulate(frames_of(counts), pol, SimConfig(capacity=8))
     assert stats and not any(s.get("sparse") for s in stats)
+
+
+def test_sparse_rule_fills_room_from_the_sampled_region_first():
+    """Two 2 MiB regions of 4 KiB units, each unit known (count 0 entries); region A's units
+    are sampled now and then, region B's never but for one sample each on two units. With room
+    for A's units, the unsampled units of A go to the fast node before any of B's."""
+    reads, per = 12, 8
+    counts = np.zeros((reads, 2 * per), np.int64)
+    for r in range(reads):
+        counts[r, r % 4] = 1  # four of A's eight units, in turn
+    counts[3, per] = counts[7, per + 1] = 1
+    n = 2 * per
+    addr = np.concatenate([BASE + np.arange(per, dtype=np.uint64) * np.uint64(4096),
+                           BASE + np.uint64(2 << 20) + np.arange(per, dtype=np.uint64) * np.uint64(4096)])
+    frames = [(i, float(i), {PID: Sample(PID, addr, row.astype(np.uint32),
+                                         np.full(n, -1, np.int16), np.ones(n, np.uint16))})
+              for i, row in enumerate(counts)]
+    pol = create("heuristic")
+    seen = {}
+    decide = pol.decide
+
+    def watching(state, ctx):
+        seen["state"] = state
+        return decide(state, ctx)
+
+    pol.decide = watching
+    simulate(frames, pol, SimConfig(capacity=per))
+    st = seen["state"]
+    fast = set(st.addr[st.node == 0].tolist())
+    assert fast == {int(a) for a in addr[:per]}, sorted(fast)

@@ -62,6 +62,8 @@ class Config:
     sparse_samples: float = 1.2  # ...sparse: half the samples from units seen < this a read
     sparse_decay: float = 0.9  # ...each read's samples count this much less a read later
     sparse_z: float = 1.0  # ...confidence bounds this many standard deviations out
+    sparse_region: int = 512  # ...pages of a region whose samples its units share (0: none)
+    sparse_region_weight: float = 8.0  # ...times the region's rate per page a unit is lent
 
     def check(self):
         bad = option_error("heuristic", self)
@@ -106,6 +108,10 @@ class Config:
             bad("sparse_samples", "must be >= 0")
         if not 0 < self.sparse_decay < 1:
             bad("sparse_decay", "must be in (0, 1)")
+        if self.sparse_region < 0 or (self.sparse_region & (self.sparse_region - 1)):
+            bad("sparse_region", "must be 0 or a power of two (pages)")
+        if not self.sparse_region_weight >= 0:
+            bad("sparse_region_weight", "must be >= 0")
         if not self.sparse_z >= 0:
             bad("sparse_z", "must be >= 0")
         if not 0 <= self.phase_jaccard <= self.regular_jaccard:

@@ -14,6 +14,13 @@ that resident's upper bound per page (the resident with the lowest upper bound g
 one-off burst of samples does not outrank a unit sampled steadily: both are judged on their
 counts over many reads, and the burst's decays.
 
+Samples are few per unit but many per region: each unit is lent ``sparse_region_weight``
+times the samples per page of the other units of its ``sparse_region``-page region (2 MiB by
+default), so that a unit among sampled ones ranks above one in a region nobody sampled
+before its own first sample lands (PEBS-driven tiering promotes by huge page for the same
+reason). On the built-in traces thinned to 1/100,000 of their accesses, this took the mean
+time over static placement from 1.107 to 1.047 (torch-mlp at 25%: 1.202 to 1.018).
+
 The rule engages when evidence is sparse: the running mean (over the same decayed reads) of
 each read's sample-weighted median count is under ``sparse_samples``: the units that carry
 half of a read's samples are seen about once in it, as in a thinly sampled trace. The
@@ -91,6 +98,21 @@ class SparseEvidence:
         return self.reads >= SETTLE_READS and self.typical < c.sparse_samples
 
 
+def pooled(keys, k, npages, c) -> np.ndarray:
+    """Each unit's count with its region's samples lent to it: ``sparse_region_weight``
+    times the samples per page of the other units of its ``sparse_region``-page region,
+    times its pages. Memory is used by the region: a unit next to sampled ones is likely
+    hot even before a sample lands on it."""
+    shift = int(np.log2(c.sparse_region))
+    reg = (np.asarray(keys, np.uint64) >> np.uint64(shift))
+    uniq, inv = np.unique(reg, return_inverse=True)
+    rc = np.bincount(inv, weights=k, minlength=len(uniq))
+    rp = np.bincount(inv, weights=npages.astype(np.float64), minlength=len(uniq))
+    others_pages = np.maximum(rp[inv] - npages, 1.0)
+    lent = (rc[inv] - k) / others_pages * npages
+    return k + c.sparse_region_weight * lent
+
+
 def sparse_plan(keys, node, npages, last_move, stuck, ev: SparseEvidence, fast_node: int,
                 now: int, used: int, cap_high: int, must: int, max_moves: int, c):
     """(promote, demote, stats) over the units given (every unit of the state): sampled units
@@ -98,6 +120,8 @@ def sparse_plan(keys, node, npages, last_move, stuck, ev: SparseEvidence, fast_n
     with its lower bound per page above each evicted resident's upper bound per page.
     Units moved within ``min_residency`` reads, and stuck ones, stay where they are."""
     k = ev.counts(keys)
+    if c.sparse_region > 0:
+        k = pooled(keys, k, npages, c)
     exp = max(ev.exposure, 1e-9)
     per = npages.astype(np.float64)
     lo, hi = poisson_bounds(k, c.sparse_z)
