@@ -8,6 +8,7 @@ fields a kernel lacks are absent series. The text format is prometheus_client's.
 """
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import threading
@@ -313,7 +314,9 @@ class Metrics:
                     stats[t["pid"]] = profiler.stats(t["pid"])
                 except Exception:  # a target that just exited: no stats
                     continue
-        self.collector.set(doc, stats)
+        # a copy: the document shares dicts the next step changes in place (the totals), while
+        # a scrape may be reading them on the server's thread
+        self.collector.set(copy.deepcopy(doc), stats)
 
     def close(self) -> None:
         if self.server is not None:

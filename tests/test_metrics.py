@@ -375,3 +375,13 @@ def test_prometheus_scrapes_the_daemon(stub_daemon, prometheus, tmp_path):
         assert got[key] == t[f"{tier}_bytes"]
     # the kernel's own counters come along (on the host, /proc/vmstat's migration counters)
     assert query('{__name__=~"pagetier_vmstat_.*"}')
+
+
+def test_scrape_sees_the_interval_as_written():
+    """The daemon changes its totals in place at the next step; a scrape meanwhile still gives
+    the numbers of the interval the status file was written from."""
+    m = Metrics("127.0.0.1:0")
+    doc = status_doc()
+    m.update(doc)
+    doc["totals"]["promoted"] += 50
+    assert samples(m.collector)[("pagetier_promoted_bytes_total", ())] == 100 * 4096
