@@ -34,6 +34,7 @@ def test_programs_run_for_the_scenarios_seconds():
     assert argv[argv.index("--vm-bytes") + 1] == "96M" and argv[argv.index("--timeout") + 1] == "12s"
     [s] = live.select_scenarios("programs", seconds=12)[1:]
     assert s.program_argv()[:2] == ["sysbench", "memory"] and "--time=12" in s.program_argv()
+    assert "--memory-block-size=64M" in s.program_argv()  # sysbench: a power of two
     assert "--memory-access-mode=rnd" in s.program_argv()
 
 
