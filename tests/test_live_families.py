@@ -95,3 +95,19 @@ def test_programs_table_sets_their_throughput_beside_kernel_and_none():
     assert live_table.format_programs([r for r in rows if r["config"] == "x"]) == ""
     # the main table has no ping-pong figure for a program (n/a), not a zero
     assert " n/a " in live_table.format_row(rows[1])
+
+
+def test_limits_section_counts_why_the_daemons_exchanges_stopped():
+    stats = [{"promoted": 256, "demoted": 0, "move_s": 0.1, "wanted_bytes": 4 << 20,
+              "limit": "throughput"},
+             {"promoted": 512, "demoted": 256, "move_s": 0.1, "wanted_bytes": 3 << 20,
+              "limit": "candidates"},
+             {"promoted": 0, "demoted": 0, "move_s": 0.0, "wanted_bytes": 0, "limit": "candidates"},
+             {"promoted": 256, "demoted": 0, "move_s": 0.1, "wanted_bytes": 2 << 20,
+              "limit": "throughput"}]
+    rec = {**_rec("pagetier:heuristic", None, [0, 1]), "daemon_stats": stats}
+    row = live_table.summarize(rec)
+    assert row["limits"] == {"throughput": 2, "candidates": 1} and row["wanted_mb"] == 9
+    text = live_table.format_limits([row])
+    assert "throughput 2, candidates 1; wanted 9 MB, moved 5 MB" in text
+    assert live_table.format_limits([live_table.summarize(_rec("kernel", None, [0]))]) == ""

@@ -539,7 +539,7 @@ class ConfigRun:
     DAEMON_KEYS = ("t", "early", "looked", "units", "promoted", "demoted", "fast_used", "cpu_s",
                    "wall_s", "deferred", "clipped", "limit", "rate_pages", "throughput_mb_s",
                    "merge_s", "decide_s", "move_s", "profiler_scan_s", "policy", "errors",
-                   "fast_capacity", "fast_room")
+                   "fast_capacity", "fast_room", "wanted_bytes")
 
     def __init__(self, name: str, spec: Spec, log=print, file_dir: Path | None = None):
         self.name, self.spec, self.log = name, spec, log
@@ -1053,7 +1053,7 @@ def report(doc: dict, command_line: str) -> str:
     # the sections that have something to say, each after a blank line
     for section in (live_table.format_phases, live_table.format_runs, live_table.format_moves,
                     live_table.format_splits, lambda rs: format_kinds(rs, doc),
-                    live_table.format_programs):
+                    live_table.format_programs, live_table.format_limits):
         text = section(rows)
         if text:
             head += ["", text]

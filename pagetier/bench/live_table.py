@@ -166,11 +166,29 @@ def summarize(rec: dict) -> dict:
         "vmstat": rec.get("vmstat", {}),
         "memory_ok": rec.get("memory_ok"),
         "notes": rec.get("notes", []),
+        # the daemon's exchanges: intervals that wanted moves, by the limit that stopped them
+        # there, and the MB they wanted (None: a baseline, or stats without the figures)
+        "limits": _limit_counts(rec.get("daemon_stats") or ()),
+        "wanted_mb": _wanted_mb(rec.get("daemon_stats") or ()),
         # a third-party program's own throughput figure (live.ProgramRun; None: hotcold)
         "program_rate": rec.get("program_rate"),
         "program_unit": rec.get("program_unit"),
     })
     return out
+
+
+def _limit_counts(stats) -> dict[str, int] | None:
+    out: dict[str, int] = {}
+    for st in stats:
+        if st.get("wanted_bytes"):
+            out[st.get("limit")] = out.get(st.get("limit"), 0) + 1
+    return out or None
+
+
+def _wanted_mb(stats) -> float | None:
+    if not any("wanted_bytes" in st for st in stats):
+        return None
+    return sum(st.get("wanted_bytes") or 0 for st in stats) / 2**20
 
 
 # the figures a row of repeated runs gives as the median of its runs (live.py --repeat)
@@ -422,6 +440,22 @@ def format_programs(rows: list[dict]) -> str:
                    f"{_pct(r['held'], '.1f'):>6} {r['moved_mb']:>8.1f} "
                    f"{_f(rate, '.1f', '--') + ' ' + r['program_unit']:>22} "
                    f"{_f(ratio(rate, k), '.2f', '--'):>6} {_f(ratio(rate, n), '.2f', '--'):>6}")
+    return "\n".join(out)
+
+
+def format_limits(rows: list[dict]) -> str:
+    """For pagetier's runs: how many of the daemon's intervals wanted moves, by the limit that
+    stopped each exchange where it did (candidates: all it wanted moved), and the MB they
+    wanted beside the MB the daemon moved; '' when no row has the figures."""
+    runs = [r for r in rows if r["runnable"] and r.get("limits")]
+    if not runs:
+        return ""
+    out = ["why the daemon's exchanges stopped (intervals that wanted moves, by the limit that "
+           "bound them; MB wanted over the run, MB the daemon moved):"]
+    for r in runs:
+        lim = ", ".join(f"{k} {v}" for k, v in sorted(r["limits"].items(), key=lambda kv: -kv[1]))
+        out.append(f"{(r.get('scenario') or '') + ' ' + r['config']:<36} {lim}; wanted "
+                   f"{_f(r.get('wanted_mb'), '.0f', '--')} MB, moved {_f(r.get('move_mb'), '.0f', '--')} MB")
     return "\n".join(out)
 
 
