@@ -180,11 +180,10 @@ def plan_groups(tracker, state, budget_pages: int, room_pages: int | None, fast:
 
 def status(tracker, state, fast: int, slow: int) -> list[dict]:
     """The status file's "cgroups" list."""
-    from pagetier.core.shares import usage
+    from pagetier.core.shares import Group, usage
 
-    out = []
-    for g in tracker.cgroups.values():
-        f, s = usage(state, g.pids, fast, slow)
-        out.append({"path": str(g.path), "fast_budget": g.fast_budget, "pids": sorted(g.pids),
-                    "fast_bytes": f * PAGE_SIZE, "slow_bytes": s * PAGE_SIZE})
-    return out
+    cgs = list(tracker.cgroups.values())
+    use = usage(state, [Group(str(g.path), frozenset(g.pids), 0) for g in cgs], fast, slow)
+    return [{"path": str(g.path), "fast_budget": g.fast_budget, "pids": sorted(g.pids),
+             "fast_bytes": f * PAGE_SIZE, "slow_bytes": s * PAGE_SIZE}
+            for g, (f, s) in zip(cgs, use)]

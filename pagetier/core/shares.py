@@ -36,19 +36,37 @@ class Group:
 
 def members(state, pids) -> np.ndarray:
     """Boolean per unit: which belong to one of ``pids``."""
-    idx = [i for i, p in enumerate(state.pids) if p in pids and p != -1]
-    if not idx or not len(state):
-        return np.zeros(len(state), bool)
-    return np.isin(state.target, np.asarray(idx))
+    return group_ids(state, [Group("", frozenset(pids), 0)]) == 0
+
+
+def group_ids(state, groups) -> np.ndarray:
+    """Per unit, the index of its target's group in ``groups`` (-1: none), in one pass."""
+    table = np.full(len(state.pids) + 1, -1, np.int64)
+    for i, g in enumerate(groups):
+        for t, p in enumerate(state.pids):
+            if p != -1 and p in g.pids:
+                table[t] = i
+    if not len(state):
+        return np.zeros(0, np.int64)
+    return table[state.target]
+
+
+def _per_group(gid: np.ndarray, sel: np.ndarray, w: np.ndarray, k: int) -> np.ndarray:
+    """Sum of ``w`` over the units selected by ``sel``, per group (k groups)."""
+    m = sel & (gid >= 0)
+    return np.bincount(gid[m], weights=w[m], minlength=k)[:k].astype(np.int64)
+
+
+def _split(idx: np.ndarray, gid: np.ndarray, k: int) -> list[np.ndarray]:
+    """``idx`` split by group (k groups), each part in ``idx``'s order."""
+    g = gid[idx]
+    order = np.argsort(g, kind="stable")
+    bounds = np.searchsorted(g[order], np.arange(k + 1))
+    return [idx[order[bounds[i]:bounds[i + 1]]] for i in range(k)]
 
 
 def _pages(state, idx) -> int:
     return int(state.npages[idx].sum(dtype=np.int64))
-
-
-def _movable_fast(state, mask: np.ndarray, fast: int) -> int:
-    on = np.flatnonzero(mask & (state.node == fast))
-    return _pages(state, on[~state.unmovable(on)])
 
 
 def fair_shares(asked: list[int], total: int) -> list[int]:
@@ -71,29 +89,33 @@ def plan(state, decision, groups: list[Group], budget: int, node_room: int | Non
     promote_all = unique_in_order(decision.promote, n)
     demote_all = unique_in_order(decision.demote, n)
     asked = len(promote_all) + len(demote_all)
-    masks = [members(state, g.pids) for g in groups]
+    gid = group_ids(state, groups)
+    npages = state.npages.astype(np.int64)
+    on_fast = state.node == fast
+    movable_fast = _per_group(gid, on_fast & ~state.unmovable(np.arange(n)), npages, len(groups))
+    pro_by, dem_by = _split(promote_all, gid, len(groups)), _split(demote_all, gid, len(groups))
     start = state.interval % len(groups) if groups else 0
     order = list(range(start, len(groups))) + list(range(start))
     rate_left = rate
     total_used = state.movable_on(fast)
     per: dict[int, dict] = {}
     for i in order:  # demotions, group by group
-        g, m = groups[i], masks[i]
-        pro = promote_all[m[promote_all]]
+        g = groups[i]
+        pro = pro_by[i]
         pro = pro[(state.node[pro] != fast) & ~state.stuck(pro)]
-        dem = demote_all[m[demote_all]]
+        dem = dem_by[i]
         dem = dem[(state.node[dem] != slow) & (state.node[dem] >= 0) & ~state.stuck(dem)]
         dem = dem[~np.isin(dem, pro)]
-        used = _movable_fast(state, m, fast)
+        used = int(movable_fast[i])
         if not len(pro) and used <= g.budget:
             dem = dem[:0]  # the group neither exchanges nor is over budget: its pages stay
         dem = fit(dem, state.npages, rate_left)
         rate_left -= _pages(state, dem)
-        on_fast = dem[state.node[dem] == fast]
-        used -= _pages(state, on_fast[~state.unmovable(on_fast)])
+        dem_fast = dem[state.node[dem] == fast]
+        used -= _pages(state, dem_fast[~state.unmovable(dem_fast)])
         forced = dem[:0]
         if used > g.budget:
-            cand = np.flatnonzero(m & (state.node == fast))
+            cand = np.flatnonzero((gid == i) & on_fast)
             cand = cand[~np.isin(cand, dem) & ~np.isin(cand, pro) & ~state.stuck(cand)]
             cand = cand[np.lexsort((state.last_access[cand], state.heat[cand]))]
             c = np.cumsum(state.npages[cand].astype(np.int64))
@@ -153,18 +175,23 @@ def plan(state, decision, groups: list[Group], budget: int, node_room: int | Non
 def refit(state, promote: np.ndarray, groups: list[Group], *, fast: int = 0) -> np.ndarray:
     """``promote`` (a plan's promotions, planned again after the demotions) less what would take
     a group over its budget now (the kernel may have refused some of its demotions)."""
+    gid = group_ids(state, groups)
+    n = len(state)
+    used = _per_group(gid, (state.node == fast) & ~state.unmovable(np.arange(n)),
+                      state.npages.astype(np.int64), len(groups))
     keep = np.zeros(len(promote), bool)
-    for g in groups:
-        m = members(state, g.pids)
-        mine = np.flatnonzero(m[promote])
-        ok = fit(promote[mine], state.npages, g.budget - _movable_fast(state, m, fast))
+    pg = gid[promote]
+    for i, g in enumerate(groups):
+        mine = np.flatnonzero(pg == i)
+        ok = fit(promote[mine], state.npages, g.budget - int(used[i]))
         keep[mine[:len(ok)]] = True
     return promote[keep]
 
 
-def usage(state, pids, fast: int, slow: int) -> tuple[int, int]:
-    """(pages on the fast node, pages on the slow node) of ``pids``' units."""
-    m = members(state, pids)
-    return (int(state.npages[m & (state.node == fast)].sum(dtype=np.int64)),
-            int(state.npages[m & (state.node == slow)].sum(dtype=np.int64)))
-
+def usage(state, groups: list[Group], fast: int, slow: int) -> list[tuple[int, int]]:
+    """Per group, (pages on the fast node, pages on the slow node) of its targets' units."""
+    gid = group_ids(state, groups)
+    w = state.npages.astype(np.int64)
+    f = _per_group(gid, state.node == fast, w, len(groups))
+    s = _per_group(gid, state.node == slow, w, len(groups))
+    return [(int(a), int(b)) for a, b in zip(f, s)]
