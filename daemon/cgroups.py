@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,13 +148,25 @@ def remove_run_cgroup(path: Path | None) -> None:
     a warning: nothing is moved or killed."""
     if path is None:
         return
-    try:
-        path.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        log.warning("cgroup %s not removed (%s): processes of the command are still in it",
-                    path, e.strerror)
+    deadline = time.monotonic() + 2
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            # EBUSY for a moment after the last process was reaped (its exit is still being
+            # torn down); for good while processes remain in it
+            try:
+                empty = not (path / "cgroup.procs").read_text().strip()
+            except OSError:
+                empty = False
+            if not empty or time.monotonic() > deadline:
+                log.warning("cgroup %s not removed (%s): processes of the command are still "
+                            "in it", path, e.strerror)
+                return
+            time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------- the planner's groups

@@ -370,3 +370,28 @@ def test_record_traces_the_whole_tree_with_a_pid_each(tmp_path):
     assert r.returncode == 0, r.stderr
     pids = set(pq.read_table(out, columns=["pid"]).column("pid").to_pylist())
     assert len(pids) == 3, pids
+
+
+def test_runs_own_cgroup_is_made_and_removed(tmp_path, monkeypatch, caplog):
+    """In a fake unified hierarchy in tmp: the command's cgroup is made next to the daemon's
+    own, removed at the end, and kept (with a warning) while processes are left in it; none
+    with the stub profiler unless asked, none when turned off."""
+    (tmp_path / "cgroup.controllers").write_text("memory\n")
+    monkeypatch.setattr(cgroups, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(cgroups, "own_cgroup", lambda: tmp_path / "system.slice" / "me")
+    (tmp_path / "system.slice" / "me").mkdir(parents=True)
+    monkeypatch.setattr(cgroups.os, "geteuid", lambda: 0)
+    monkeypatch.delenv(cgroups.ENV_RUN_CGROUP, raising=False)
+    assert cgroups.make_run_cgroup("stub") is None
+    monkeypatch.setenv(cgroups.ENV_RUN_CGROUP, "0")
+    assert cgroups.make_run_cgroup("kmod") is None
+    monkeypatch.setenv(cgroups.ENV_RUN_CGROUP, "1")
+    cg = cgroups.make_run_cgroup("stub")
+    assert cg == tmp_path / "system.slice" / f"pagetier-run-{os.getpid()}" and cg.is_dir()
+    cgroups.remove_run_cgroup(cg)
+    assert not cg.exists()
+    cg = cgroups.make_run_cgroup("kmod")
+    (cg / "cgroup.procs").write_text("12345\n")  # an orphan of the command: a plain dir here
+    with caplog.at_level("WARNING", logger="pagetier.daemon"):
+        cgroups.remove_run_cgroup(cg)
+    assert cg.exists() and "processes of the command are still in it" in caplog.text
