@@ -132,7 +132,8 @@ class Collector:
         yield gauge("pagetier_start_time_seconds", "When the daemon started (Unix time)",
                     doc.get("started", 0))
         yield gauge("pagetier_last_update_timestamp_seconds",
-                    "When the last interval's numbers were taken (Unix time)", doc.get("updated", 0))
+                    "When the last interval's numbers were taken (Unix time)",
+                    doc.get("updated", 0))
         yield gauge("pagetier_interval_seconds", "The configured interval",
                     cfg.get("interval", 0) or 0)
         yield counter("pagetier_cpu_seconds", "CPU time the daemon has used (user + system)",
@@ -177,7 +178,8 @@ class Collector:
             pol = last.get("policy") or {}
             if pol.get("hot_set_pages") is not None:
                 yield gauge("pagetier_hot_set_bytes",
-                            "The hot set the policy wants on the fast node", pol["hot_set_pages"] * PAGE)
+                            "The hot set the policy wants on the fast node",
+                            pol["hot_set_pages"] * PAGE)
             if pol.get("hot_pages") is not None:
                 yield gauge("pagetier_hot_bytes", "Memory the policy ranks as hot",
                             pol["hot_pages"] * PAGE)

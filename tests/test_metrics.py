@@ -223,7 +223,8 @@ def test_metrics_server_serves_and_closes():
     try:
         m.update(status_doc())
         port = int(m.address.rsplit(":", 1)[1])
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
         assert "pagetier_interval 9.0" in text
     finally:
         m.close()
@@ -331,8 +332,9 @@ def test_prometheus_scrapes_the_daemon(stub_daemon, prometheus, tmp_path):
         doc = get_json(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": q}))
         if not doc or doc.get("status") != "success":
             return None
-        return {(r["metric"]["__name__"], tuple(sorted((k, v) for k, v in r["metric"].items()
-                                                       if k not in ("__name__", "job", "instance")))):
+        skip = ("__name__", "job", "instance")
+        return {(r["metric"]["__name__"],
+                 tuple(sorted((k, v) for k, v in r["metric"].items() if k not in skip))):
                 float(r["value"][1]) for r in doc["data"]["result"]}
 
     def ready():
@@ -371,7 +373,8 @@ def test_prometheus_scrapes_the_daemon(stub_daemon, prometheus, tmp_path):
     assert t["pid"] == pid and t["slow_bytes"] == 512 * 4096
     for tier, node in (("fast", "0"), ("slow", "1")):
         # (Prometheus stores no empty label: this target has no cgroup)
-        key = ("pagetier_target_resident_bytes", (("node", node), ("pid", str(pid)), ("tier", tier)))
+        key = ("pagetier_target_resident_bytes",
+               (("node", node), ("pid", str(pid)), ("tier", tier)))
         assert got[key] == t[f"{tier}_bytes"]
     # the kernel's own counters come along (on the host, /proc/vmstat's migration counters)
     assert query('{__name__=~"pagetier_vmstat_.*"}')
