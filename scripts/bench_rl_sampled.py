@@ -83,8 +83,9 @@ def main() -> int:
                 for p in wins:
                     wins[p] += v["rl"] < v[p] - 1e-9
                 print(f"{k[0][:16]:<16} {k[1]:>4} " + " ".join(f"{v[p]:9.3f}" for p in POLICIES))
-            means = ", ".join(f"{p} {np.mean([1.0 + r['vs_static'] for r in sub if r['policy'] == p]):.3f}"
-                              for p in POLICIES)
+            means = ", ".join(
+                f"{p} {np.mean([1.0 + r['vs_static'] for r in sub if r['policy'] == p]):.3f}"
+                for p in POLICIES)
             n = len(d["statics"])
             print(f"mean: {means}; rl faster than heuristic in {wins['heuristic']} of {n}, "
                   f"than lru in {wins['lru']} of {n}")

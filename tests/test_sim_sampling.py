@@ -155,8 +155,8 @@ def test_sparse_rule_fills_room_from_the_sampled_region_first():
         counts[r, r % 4] = 1  # four of A's eight units, in turn
     counts[3, per] = counts[7, per + 1] = 1
     n = 2 * per
-    addr = np.concatenate([BASE + np.arange(per, dtype=np.uint64) * np.uint64(4096),
-                           BASE + np.uint64(2 << 20) + np.arange(per, dtype=np.uint64) * np.uint64(4096)])
+    offsets = np.arange(per, dtype=np.uint64) * np.uint64(4096)
+    addr = np.concatenate([BASE + offsets, BASE + np.uint64(2 << 20) + offsets])
     frames = [(i, float(i), {PID: Sample(PID, addr, row.astype(np.uint32),
                                          np.full(n, -1, np.int16), np.ones(n, np.uint16))})
               for i, row in enumerate(counts)]
