@@ -197,6 +197,9 @@ def status(tracker, state, fast: int, slow: int) -> list[dict]:
 
     cgs = list(tracker.cgroups.values())
     use = usage(state, [Group(str(g.path), frozenset(g.pids), 0) for g in cgs], fast, slow)
+    # fast_unmovable_bytes: of fast_bytes, the pages the kernel refused to move (shared with
+    # other processes), outside the budget as for the daemon's fast_used
     return [{"path": str(g.path), "fast_budget": g.fast_budget, "pids": sorted(g.pids),
-             "fast_bytes": f * PAGE_SIZE, "slow_bytes": s * PAGE_SIZE}
-            for g, (f, s) in zip(cgs, use)]
+             "fast_bytes": f * PAGE_SIZE, "fast_unmovable_bytes": u * PAGE_SIZE,
+             "slow_bytes": s * PAGE_SIZE}
+            for g, (f, u, s) in zip(cgs, use)]

@@ -188,10 +188,13 @@ def refit(state, promote: np.ndarray, groups: list[Group], *, fast: int = 0) -> 
     return promote[keep]
 
 
-def usage(state, groups: list[Group], fast: int, slow: int) -> list[tuple[int, int]]:
-    """Per group, (pages on the fast node, pages on the slow node) of its targets' units."""
+def usage(state, groups: list[Group], fast: int, slow: int) -> list[tuple[int, int, int]]:
+    """Per group, (pages on the fast node, those of them the kernel refused to move (outside
+    the budget), pages on the slow node) of its targets' units."""
     gid = group_ids(state, groups)
     w = state.npages.astype(np.int64)
-    f = _per_group(gid, state.node == fast, w, len(groups))
+    on = state.node == fast
+    f = _per_group(gid, on, w, len(groups))
+    u = _per_group(gid, on & state.unmovable(np.arange(len(state))), w, len(groups))
     s = _per_group(gid, state.node == slow, w, len(groups))
-    return [(int(a), int(b)) for a, b in zip(f, s)]
+    return [(int(a), int(b), int(c)) for a, b, c in zip(f, u, s)]
