@@ -31,9 +31,13 @@ def test_programs_run_for_the_scenarios_seconds():
     [s] = live.select_scenarios("stress-ng-vm", seconds=12)
     argv = s.program_argv()
     assert argv[:2] == ["stress-ng", "--vm"] and "--vm-keep" in argv
-    assert argv[argv.index("--vm-bytes") + 1] == "96M" and argv[argv.index("--timeout") + 1] == "12s"
+    # told to run longer than the scenario: the bench ends it with SIGINT after 12 s
+    assert argv[argv.index("--vm-bytes") + 1] == "96M"
+    assert argv[argv.index("--timeout") + 1] == f"{12 + live.PROGRAM_SLACK_S}s"
     [s] = live.select_scenarios("programs", seconds=12)[1:]
-    assert s.program_argv()[:2] == ["sysbench", "memory"] and "--time=12" in s.program_argv()
+    assert s.program_argv()[:2] == ["sysbench", "memory"]
+    assert f"--time={12 + live.PROGRAM_SLACK_S}" in s.program_argv()
+    assert "--report-interval=1" in s.program_argv()
     assert "--memory-block-size=64M" in s.program_argv()  # sysbench: a power of two
     assert "--memory-access-mode=rnd" in s.program_argv()
 
@@ -54,6 +58,8 @@ def test_program_rates_are_read_from_their_output():
     assert live.program_rate("sysbench-memory",
                              "448.00 MiB transferred (136.22 MiB/sec)\n") == (136.22, "MiB/s")
     assert live.program_rate("sysbench-memory", "FATAL: oops") == (None, "MiB/s")
+    reports = "[ 5s ] 100.00 MiB/sec\n[ 6s ] 200.00 MiB/sec\n"
+    assert live.program_rate("sysbench-memory", reports) == (150.0, "MiB/s")
 
 
 def test_numa_maps_pages_counts_anonymous_mappings_by_node(tmp_path, monkeypatch):
