@@ -228,13 +228,18 @@ class Collector:
                                        "A cgroup's own fast budget", labels=["cgroup"])
             ct = GaugeMetricFamily("pagetier_cgroup_targets", "Processes managed in a cgroup",
                                    labels=["cgroup"])
+            unmov = GaugeMetricFamily("pagetier_cgroup_fast_unmovable_bytes",
+                                      "A cgroup's fast memory the kernel refused to move (outside "
+                                      "its budget)", labels=["cgroup"])
             for c in cgroups:
                 cb.add_metric([c["path"], "fast", fast], c.get("fast_bytes", 0))
                 cb.add_metric([c["path"], "slow", slow], c.get("slow_bytes", 0))
                 if c.get("fast_budget") is not None:
                     budget.add_metric([c["path"]], c["fast_budget"])
                 ct.add_metric([c["path"]], len(c.get("pids", [])))
-            yield from (cb, budget, ct)
+                if c.get("fast_unmovable_bytes") is not None:
+                    unmov.add_metric([c["path"]], c["fast_unmovable_bytes"])
+            yield from (cb, budget, ct, unmov)
         scan = CounterMetricFamily("pagetier_profiler_scan_seconds",
                                    "The kernel module's scan time for a target", labels=["pid"])
         probe = CounterMetricFamily("pagetier_profiler_probe_seconds",

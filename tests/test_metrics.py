@@ -54,7 +54,7 @@ def status_doc(**over) -> dict:
                     {"pid": 8, "name": "b", "cgroup": None, "fast_bytes": 0, "slow_bytes": MIB}],
         "cgroup": None,
         "cgroups": [{"path": "app.slice", "fast_budget": 64 * MIB, "pids": [7],
-                     "fast_bytes": 3 * MIB, "slow_bytes": 5 * MIB}],
+                     "fast_bytes": 3 * MIB, "slow_bytes": 5 * MIB, "fast_unmovable_bytes": 4096}],
         "totals": {"promoted": 100, "demoted": 20, "bytes_moved": 120 * 4096, "ping_pongs": 3,
                    "busy": 4, "failed": 2},
         "move_errors": {"EBUSY": 4, "EACCES": 2},
@@ -87,6 +87,7 @@ def test_collector_series_from_the_status_document(tmp_path):
     assert s[("pagetier_cgroup_resident_bytes",
               (("cgroup", "app.slice"), ("node", "1"), ("tier", "slow")))] == 5 * MIB
     assert s[("pagetier_cgroup_fast_budget_bytes", (("cgroup", "app.slice"),))] == 64 * MIB
+    assert s[("pagetier_cgroup_fast_unmovable_bytes", (("cgroup", "app.slice"),))] == 4096
     # the binding limit: one of the known ones at 1, the others 0
     lim = {k[1][0][1]: v for k, v in s.items() if k[0] == "pagetier_limit"}
     assert lim["rate"] == 1 and sum(lim.values()) == 1 and {"budget", "node", "none"} <= set(lim)
