@@ -144,6 +144,8 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             "hot_threshold": float(score[hot.desired].min()) if len(hot.desired) else None,
             "reference_heat": round(hot.ref, 3), "noise_floor": round(hot.floor, 3),
             "hot_pages": hot.pages, "hot_set_pages": hot.desired_pages,
+            # of the hot set, the pages on the fast node before this interval's moves
+            "hot_set_fast_pages": int(u.npages[hot.desired][fast[hot.desired]].sum()),
             "fast_capacity": cap.node, "fast_used": used,
             "fast_after": used + promoted - demoted,
             "promote_pages": promoted, "demote_pages": demoted,

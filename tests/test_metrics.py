@@ -61,7 +61,8 @@ def status_doc(**over) -> dict:
         "last": {"interval": 9, "resident": {"0": 3 * MIB, "1": 6 * MIB, "unknown": 4096},
                  "fast_used": 3 * MIB, "fast_unmovable": 0, "budget": 64 * MIB,
                  "fast_capacity": None, "limit": "rate", "wall_s": 0.01, "cpu_s": 0.005,
-                 "units": 99, "policy": {"hot_set_pages": 1024, "hot_pages": 2048}},
+                 "units": 99, "policy": {"hot_set_pages": 1024, "hot_pages": 2048,
+                                           "hot_set_fast_pages": 256}},
     }
     doc.update(over)
     return doc
@@ -94,6 +95,7 @@ def test_collector_series_from_the_status_document(tmp_path):
     assert s[("pagetier_move_errors_pages_total", (("errno", "EBUSY"),))] == 4
     assert s[("pagetier_move_errors_pages_total", (("errno", "EACCES"),))] == 2
     assert s[("pagetier_hot_set_bytes", ())] == 1024 * 4096
+    assert s[("pagetier_hot_set_fast_ratio", ())] == 0.25
     assert s[("pagetier_profiler_scan_seconds_total", (("pid", "7"),))] == 2.5
     assert s[("pagetier_profiler_probe_seconds_total", (("pid", "7"),))] == 0.5
     assert ("pagetier_fast_capacity_bytes", ()) not in s  # unknown: no series

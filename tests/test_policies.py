@@ -1298,3 +1298,13 @@ def test_heuristic_a_read_without_the_small_units_of_the_last_is_no_read_that_mi
     assert stats["phase_change"] and stats["ranked_by"] == "rate", stats
     # the fast capacity holds 7 of the 8 huge units below the low watermark
     assert (st.node[8:16] == FAST).sum() == 7, st.node[:16]
+
+
+
+def test_heuristic_reports_the_hot_sets_share_on_the_fast_node():
+    """The decision's stats say how many of the hot set's pages are on the fast node already
+    (the metrics endpoint's pagetier_hot_set_fast_ratio)."""
+    st = make_state(heat=[50, 40, 45, 35, 0, 0], node=[FAST, SLOW, SLOW, FAST, FAST, SLOW])
+    d = create("heuristic").decide(st, Context(fast_budget=100))
+    assert d.stats["hot_set_pages"] == 4
+    assert d.stats["hot_set_fast_pages"] == 2
