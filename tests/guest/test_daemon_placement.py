@@ -143,3 +143,60 @@ def test_exchange_when_the_node_is_fuller_than_the_budget(env):
     assert not any(s.get("limit") == "budget" for s in stats), "the budget named the limit: " + why
     assert ticks[-1]["fast_fraction"] >= 0.9, "the hot part did not get the fast node: " + why
     assert "Traceback" not in d.stderr
+
+
+
+# the hot window moves once, after PHASE_S seconds: a generous bound for a region of HOT_MB
+# (about 6 s of moves at the 5 MB/s 4 KiB moves reached on a loaded emulated host)
+PHASE_S = 20
+HOT_MB = 32
+
+
+def test_phase_change_with_4k_pages_is_followed_by_an_exchange(env):
+    """THP off (the workload's MADV_NOHUGEPAGE: 4 KiB pages), two regions of HOT_MB first
+    touched on node 1, the hot window in the first for PHASE_S seconds, then in the second, and
+    a budget that holds one region but not both: after the change the daemon exchanges (in one
+    interval it demotes pages of the old region and promotes pages of the new one), and most
+    (>= 80%) of the new region reaches the fast node before the window would move back. Each
+    exchange's stats say what it wanted and what stopped it."""
+    from pagetier.core.step import EXCHANGE_LIMITS
+
+    budget = HOT_MB * 4 // 3
+    w = Workload("--size", str(2 * HOT_MB), "--hot", str(HOT_MB), "--phase", str(PHASE_S),
+                 "--start-node", "1", "--duration", str(2 * PHASE_S), "--no-thp", "--wait")
+    d = None
+    try:
+        d = DaemonRun(["attach", str(w.pid), "--json", "--fast-budget", f"{budget}M",
+                       "--interval", "1"], env)
+        d.wait_for(lambda: len(d.stats) >= 1, WAIT, "a first interval")
+        n0 = len(d.stats)
+        w.proc.send_signal(signal.SIGUSR1)  # the accesses (and the phases' clock) start
+        while (t := w.next_tick()) is not None:
+            if t["phase"] == 1 and t["fast_fraction"] >= 0.8:
+                break  # the new region is there: no need to wait for the window to move back
+        ticks = list(w.ticks)
+        # the daemon prints an interval's stats after its moves: its next line or two
+        k = len(d.stats)
+        d.wait_for(lambda: len(d.stats) >= k + 2 or d.proc.poll() is not None, WAIT,
+                   "the daemon's next intervals")
+        stats = list(d.stats[n0:])
+        rc = w.stop()
+    finally:
+        if d is not None and d.proc.poll() is None:
+            d.stop()
+        if w.proc.poll() is None:
+            w.stop()
+    why = _summary(stats, ticks, d.stderr)
+    print(why)
+    assert rc == 0, "workload memory corrupted"
+    assert "Traceback" not in d.stderr
+    assert all(s["fast_used"] <= budget * MIB for s in stats), why
+    old = max((t["fast_fraction"] for t in ticks if t["phase"] == 0), default=-1)
+    assert old >= 0.8, f"the first region never had 80% on node 0 (at most {old:.0%}): " + why
+    new = max((t["fast_fraction"] for t in ticks if t["phase"] == 1), default=-1)
+    assert new >= 0.8, f"after the change, at most {new:.0%} of the new region on node 0: " + why
+    exchanges = [s for s in stats if s["promoted"] and s["demoted"]]
+    assert exchanges, "no interval both demoted and promoted: " + why
+    for s in exchanges:
+        assert s["limit"] in EXCHANGE_LIMITS, why
+        assert s["wanted_bytes"] >= (s["promoted"] + s["demoted"]) * 4096 > 0, why
