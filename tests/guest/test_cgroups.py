@@ -103,7 +103,10 @@ def test_two_cgroups_hold_their_own_budgets_and_one_is_let_go(hierarchy, env):
     b.mkdir()
     # --wait: the workloads touch their memory, then wait for SIGUSR1 to start their accesses,
     # once the daemon has attached to both
-    args = ["--size", "64", "--hot", "32", "--start-node", "1", "--duration", "60", "--wait"]
+    # --no-verify: a start many times faster under emulation (memory integrity is tested
+    # elsewhere)
+    args = ["--size", "48", "--hot", "32", "--start-node", "1", "--duration", "60", "--wait",
+            "--no-verify"]
     wa = Ticks(Workload(*args, cmd_prefix=_in(a)))
     wb = Ticks(Workload(*args, cmd_prefix=_in(b)))
     d = DaemonRun(["attach", "--json", "--interval", "1", "--profiler", "kmod",
@@ -127,7 +130,7 @@ def test_two_cgroups_hold_their_own_budgets_and_one_is_let_go(hierarchy, env):
         assert not over, f"over budget (daemon's count): {over}"
         fa = fast_bytes(wa.w.pid, wa.w.ready["addr"])
         fb = fast_bytes(wb.w.pid, wb.w.ready["addr"])
-        assert fa >= 30 * MIB and fa <= 48 * MIB, fa
+        assert 30 * MIB <= fa <= 48 * MIB, fa
         assert 16 * MIB <= fb <= 24 * MIB, fb  # b's own hot pages, within its budget
         st = d.status()
         assert {t["pid"]: Path(t["cgroup"]).name for t in st["targets"]} == {
@@ -146,7 +149,7 @@ def test_two_cgroups_hold_their_own_budgets_and_one_is_let_go(hierarchy, env):
         assert wa.fraction() >= 0.95
         assert d.proc.poll() is None
 
-        assert wa.w.stop() == 0  # memory intact
+        assert wa.w.stop() == 0
         a.rmdir()
         assert d.finish(30) == 0
         assert "every managed cgroup is gone" in d.stderr
@@ -165,7 +168,7 @@ def test_run_manages_a_shells_two_programs(hierarchy, env, tmp_path):
     hc = binary()
     out = tmp_path / "w"
     out.mkdir()
-    w = f"nice -n 5 {hc} --size 48 --hot 16 --start-node 1 --duration 25"
+    w = f"nice -n 5 {hc} --size 32 --hot 16 --start-node 1 --duration 20 --no-verify"
     sh = f"{w} > {out}/1.json & {w} > {out}/2.json; wait"
     r = subprocess.run([*PAGETIER, "run", "--json", "--interval", "1", "--profiler", "kmod",
                         "--fast-budget", "64M", "--", "sh", "-c", sh],
