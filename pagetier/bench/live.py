@@ -761,13 +761,21 @@ class ProgramRun(ConfigRun):
         raise PagetierError(f"{self.name}: {argv[0]} did not allocate its memory "
                             f"({self.spec.size_mb} MiB) within {self.READY_S:.0f} s")
 
+    def cut_capacity(self) -> int:
+        """As for hotcold, and the run starts here: until now the fast node was full, so
+        nothing could move the program's memory to it; from now on the kernel or the daemon
+        may (the daemon is already running: the program cannot wait for it)."""
+        reached = super().cut_capacity()
+        self.t_go, self.vm_go = time.monotonic(), vmstats()
+        self.cpu_go, self.prof_go = self.mgr_cpu(), self.prof_cpu()
+        return reached
+
     def watch(self, pid: int) -> None:
         """Once a second until the program ends: its share on the fast node, vmstat, CPU."""
         spec, name = self.spec, self.name
-        vm0 = vmstats()
-        self.vm0, mig0 = vm0, vm0["pgmigrate_success"]
-        cpu0, prof0 = self.mgr_cpu(), self.prof_cpu()
-        t0 = time.monotonic()
+        self.vm0, mig0 = self.vm_go, self.vm_go["pgmigrate_success"]
+        cpu0, prof0 = self.cpu_go, self.prof_go
+        t0 = self.t_go
         fd = self.proc.stdout.fileno()
         os.set_blocking(fd, False)
         try:  # what it printed before the run (sysbench's reports of those seconds)
