@@ -762,13 +762,14 @@ class ProgramRun(ConfigRun):
                             f"({self.spec.size_mb} MiB) within {self.READY_S:.0f} s")
 
     def cut_capacity(self) -> int:
-        """As for hotcold, and the run starts here: until now the fast node was full, so
-        nothing could move the program's memory to it; from now on the kernel or the daemon
-        may (the daemon is already running: the program cannot wait for it)."""
-        reached = super().cut_capacity()
+        """As for hotcold, and the run starts as the cut begins: until then the fast node was
+        full, so nothing could move the program's memory to it; from then on the kernel or
+        the daemon may (the daemon is already running: the program cannot wait for it)."""
+        # the baselines before the cut: the fast node frees over seconds as the hugetlb pages
+        # go back, and moves start with the first of them
         self.t_go, self.vm_go = time.monotonic(), vmstats()
         self.cpu_go, self.prof_go = self.mgr_cpu(), self.prof_cpu()
-        return reached
+        return super().cut_capacity()
 
     def watch(self, pid: int) -> None:
         """Once a second until the program ends: its share on the fast node, vmstat, CPU."""
