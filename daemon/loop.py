@@ -183,8 +183,11 @@ class Daemon:
     def __init__(self, cfg, *, pids=(), cgroup: str | None = None, cgroups=(), tree: bool = False,
                  child: subprocess.Popen | None = None, profiler=None, policy=None, mover=None,
                  numab: NumaBalancing | bool | None = None, state: PageState | None = None,
-                 clock: Clock | None = None, out=None):
+                 clock: Clock | None = None, out=None, serve: bool = False):
         self.cfg = cfg
+        # serve: start with no target and keep running when the last one goes; targets come
+        # and go through the control socket (attach, add_cgroup) until SIGTERM
+        self.serve = serve
         self.clock = clock if clock is not None else Clock()
         self.profiler = profiler if profiler is not None else create_profiler(cfg)
         if numab is None or numab is True:
@@ -195,7 +198,7 @@ class Daemon:
         # the child's /proc descendants (daemon/targets.py)
         cgs = [(cgroups_mod.resolve(c["path"]), c["fast_budget"]) for c in cfg.cgroup]
         self.tracker = Targets(self.profiler, self.state, pids=pids, cgroup=cgroup, child=child,
-                               cgroups=[*cgs, *cgroups], tree=tree)
+                               cgroups=[*cgs, *cgroups], tree=tree, serve=serve)
         self.executor = Executor(self.state, self.profiler,
                                  mover if mover is not None else mover_mod,
                                  lambda pid: self.tracker.alive(pid), clock=self.clock)
@@ -688,8 +691,12 @@ class Daemon:
                 if self.stop_reason:
                     break
                 if not self.targets and self.tracker.cgroup is None:
-                    self.stop_reason = "all targets exited"
-                    break
+                    if not self.serve:
+                        self.stop_reason = "all targets exited"
+                        break
+                    self.write_status()  # nothing to manage: serve requests until there is
+                    self._wait(self.clock.monotonic() + self.cfg.interval)
+                    continue
                 t = self.clock.monotonic()
                 stats = self.step()
                 self.report.emit(stats, self.cfg)

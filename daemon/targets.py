@@ -25,8 +25,10 @@ class Targets:
     """The managed pids (``pids``), attached to ``profiler``; their units live in ``state``."""
 
     def __init__(self, profiler, state: PageState, *, pids=(), cgroup: str | Path | None = None,
-                 child: subprocess.Popen | None = None, cgroups=(), tree: bool = False):
+                 child: subprocess.Popen | None = None, cgroups=(), tree: bool = False,
+                 serve: bool = False):
         self.profiler, self.state = profiler, state
+        self.serve = serve  # no reason to stop when every target and cgroup is gone
         # path -> Cgroup; ``cgroups``: (path, budget bytes or None) pairs, ``cgroup`` one path
         self.cgroups: dict[Path, Cgroup] = {}
         for path, budget in ([(cgroup, None)] if cgroup else []) + list(cgroups):
@@ -178,7 +180,7 @@ class Targets:
                     "remaining processes are let go")
         if self.cgroups:
             self._follow_cgroups()
-            if not self.cgroups and not self.pids and self.child is None:
+            if not self.cgroups and not self.pids and self.child is None and not self.serve:
                 return "every managed cgroup is gone"
         if self.tree:
             self._follow_tree()

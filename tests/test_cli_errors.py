@@ -114,7 +114,7 @@ CASES = [
     (["run", "--fast-node", "7", "--"], ["Missing argument", "CMD"]),
     (["run", "--fast-node", "0", "--slow-node", "7", "--", "true"], ["slow_node 7", "numactl -H"]),
     # attach
-    (["attach"], ["give PID[,PID...] or --cgroup PATH"]),
+    (["attach"], ["give PID[,PID...], --cgroup PATH or --serve"]),
     (["attach", "12x"], ["bad PID '12x'"]),
     (["attach", "--cgroup", "no/such/group"], ["not a cgroup v2 directory"]),
     # record and record --import

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import kubernetes_validate
@@ -550,13 +551,13 @@ def test_a_lasting_failure_is_logged_once_and_the_loop_goes_on(tmp_path, fake_da
 
 
 def test_kube_sync_drives_a_real_daemon(tmp_path, api):
-    """kube-sync's requests as the daemon takes them: `pagetier attach` (stub profiler, dry run)
-    manages a pod's cgroup with the annotated budget, then lets it go when the pod is gone."""
+    """kube-sync's requests as the daemon takes them: `pagetier attach --serve` (stub profiler,
+    dry run, as the DaemonSet starts it: nothing to manage yet) manages a pod's cgroup with the
+    annotated budget, lets it go when the pod is gone, and keeps serving."""
     run = Path(tempfile.mkdtemp(prefix="pt-kd-", dir="/tmp"))  # short: a socket path's limit
-    keep = make_cgroup(tmp_path, "system.slice/other.service")  # the daemon's own target
     pod_cg = make_cgroup(tmp_path, EXPECTED[("systemd", "Burstable")])
     env = {**os.environ, "PAGETIER_RUN_DIR": str(run)}
-    d = subprocess.Popen([sys.executable, "-m", "pagetier.cli", "attach", "--cgroup", str(keep),
+    d = subprocess.Popen([sys.executable, "-m", "pagetier.cli", "attach", "--serve",
                           "--profiler", "stub", "--dry-run", "--json", "--interval", "0.5"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          cwd=REPO)
@@ -566,8 +567,18 @@ def test_kube_sync_drives_a_real_daemon(tmp_path, api):
         doc = control.request(sock, {"op": "status"}, timeout=10)["status"]
         return {c["path"]: c["fast_budget"] for c in doc["cgroups"]}
 
+    def serving():
+        assert d.poll() is None, d.communicate()[1]
+        try:
+            return cgroups() == {}
+        except (OSError, PagetierError):  # not listening yet
+            return False
+
     try:
-        assert d.stdout.readline().startswith("{"), d.stderr.read()  # the first interval ran
+        deadline = time.monotonic() + 120
+        while not serving():  # the daemon starts with no target and waits for requests
+            assert time.monotonic() < deadline, "the daemon never answered on its socket"
+            time.sleep(0.2)
         api.pods = [pod(**budget("64Mi"))]
         seen = []
 
@@ -578,17 +589,20 @@ def test_kube_sync_drives_a_real_daemon(tmp_path, api):
         sync = kube.Sync(lambda req: control.request(sock, req, timeout=10))
         kube.run(lambda: kube.list_pods(api.url, "node-1"), sync, "node-1", tmp_path, 1.0,
                  sleep, rounds=2)
-        assert seen == [{str(keep): None, str(pod_cg): 64 << 20}]
-        assert cgroups() == {str(keep): None}
+        assert seen == [{str(pod_cg): 64 << 20}]
+        assert cgroups() == {}
+        time.sleep(1.5)  # three intervals with nothing to manage
+        assert d.poll() is None, "the daemon ended when its last cgroup went"
     finally:
         d.send_signal(signal.SIGTERM)
         try:
-            d.communicate(timeout=20)
+            _, err = d.communicate(timeout=20)
         finally:
             if d.poll() is None:
                 d.kill()
                 d.wait()
             shutil.rmtree(run, ignore_errors=True)
+    assert d.returncode == 0, err
 
 
 def test_api_server_url_from_the_pod_environment(monkeypatch):

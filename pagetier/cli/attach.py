@@ -41,10 +41,13 @@ Examples:
   pagetier attach 1234,1240 --json --log-file /var/log/pagetier.log
   pagetier attach --cgroup system.slice/myapp.service -c /etc/pagetier/pagetier.toml
   pagetier attach --cgroup app1.slice:2G --cgroup app2.slice:1G --cgroup batch.slice
+  pagetier attach --serve --metrics 9464 -c /etc/pagetier/pagetier.toml
 
 With PIDs it ends when they have all exited; with --cgroup (repeatable, each with its own
 budget) it follows processes as they join and leave and ends when every cgroup is removed
-(or on SIGTERM).
+(or on SIGTERM). With --serve it may start with nothing to manage and keeps running when the
+last target goes: targets come through the control socket (attach, add_cgroup; this is how
+`pagetier kube-sync` hands it a node's pods) until SIGTERM.
 """
 
 
@@ -53,16 +56,20 @@ budget) it follows processes as they join and leave and ends when every cgroup i
 @click.option("--cgroup", "cgroup", metavar="PATH[:BUDGET]", multiple=True,
               help="manage a cgroup v2's processes (and new ones), with a fast budget of its own "
                    "(e.g. :2G; default: a fair share); repeatable")
+@click.option("--serve", is_flag=True,
+              help="start with no target and keep running when the last one goes: targets "
+                   "come through the control socket (attach, add_cgroup) until SIGTERM")
 @click.argument("pids", required=False, metavar="[PID[,PID...]]")
-def command(pids, cgroup, **kw):
+def command(pids, cgroup, serve, **kw):
     """Manage the placement of running processes' pages."""
     pid_list = _parse_pids(pids)
     cgs = [_cgroup_spec(c) for c in cgroup]
-    if not pid_list and not cgs and not kw["config_path"]:
-        raise click.UsageError("give PID[,PID...] or --cgroup PATH")
+    if not pid_list and not cgs and not kw["config_path"] and not serve:
+        raise click.UsageError("give PID[,PID...], --cgroup PATH or --serve")
     cfg = _load(kw)
-    if not pid_list and not cgs and not cfg.cgroup:
-        raise click.UsageError("give PID[,PID...], --cgroup PATH or [[cgroup]] tables in the config")
+    if not pid_list and not cgs and not cfg.cgroup and not serve:
+        raise click.UsageError("give PID[,PID...], --cgroup PATH, [[cgroup]] tables in the "
+                               "config or --serve")
     setup_logging(cfg, kw["verbose"])
-    daemon = _daemon(cfg, kw, pids=pid_list, cgroups=cgs)
+    daemon = _daemon(cfg, kw, pids=pid_list, cgroups=cgs, serve=serve)
     sys.exit(daemon.run())
