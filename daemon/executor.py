@@ -60,6 +60,8 @@ class Executor:
         self.clock = clock if clock is not None else Clock()
         self.full: set[int] = set()  # nodes found full (ENOMEM, or no room above the watermark)
         self.throughput: float | None = None  # pages/s moves achieved (smoothed); None: unknown
+        # per target over the run: pid -> {"to": {node: pages moved there}, "ping_pongs": n}
+        self.per_pid: dict[int, dict] = {}
 
     def measure(self, pages: int, seconds: float) -> None:
         """Fold one move's ``pages`` in ``seconds`` into :attr:`throughput`."""
@@ -150,6 +152,7 @@ class Executor:
         gone = sel[code == 4]
         acc["gone"] += len(gone)
         forget.append(gone)
+        self._count_per_pid(done, node, ping_pong_window)
         if len(moved):
             st.record_moves(moved, node)
         failed = sel[code == 2]
@@ -160,6 +163,22 @@ class Executor:
                 m = np.concatenate([c[0][c[1] == 0] for c in chunks]) if chunks else moved[:0]
                 if len(m):
                     self.profiler.moved(pid, st.addresses(m), node)
+
+    def _count_per_pid(self, done: dict[int, list], node: int, ping_pong_window: int) -> None:
+        """Add each pid's moved pages (to ``node``) and ping-pongs to :attr:`per_pid`; called
+        before the moves are recorded in the state (their last move is the one before)."""
+        st = self.state
+        for pid, chunks in done.items():
+            if not chunks:
+                continue
+            m = np.concatenate([c[0][c[1] == 0] for c in chunks])
+            pages = int(np.where(st.is_region(m), 0, st.npages[m]).sum(dtype=np.int64))
+            pages += sum(c[2].get("moved", 0) for c in chunks)  # regions' own moved pages
+            last = st.last_move[m]
+            pp = int(((last != NEVER) & (st.interval - last <= ping_pong_window)).sum())
+            rec = self.per_pid.setdefault(pid, {"to": {}, "ping_pongs": 0})
+            rec["to"][node] = rec["to"].get(node, 0) + pages
+            rec["ping_pongs"] += pp
 
     def _move_chunk(self, pid: int, sel: np.ndarray, node: int, acc: dict,
                     done: list) -> str | None:

@@ -498,6 +498,14 @@ class Daemon:
         tb = per_target_bytes(self.state, self.cfg.fast_node, self.cfg.slow_node)
         for t in doc["targets"]:
             t["fast_bytes"], t["slow_bytes"] = tb.get(t["pid"], (0, 0))
+            # over the run: bytes moved to each node and moves back within ping_pong_window
+            moved = self.executor.per_pid.get(t["pid"], {"to": {}, "ping_pongs": 0})
+            t["promoted_bytes"] = moved["to"].get(self.cfg.fast_node, 0) * PAGE_SIZE
+            t["demoted_bytes"] = moved["to"].get(self.cfg.slow_node, 0) * PAGE_SIZE
+            t["ping_pongs"] = moved["ping_pongs"]
+        targets = {t["pid"] for t in doc["targets"]}  # a target gone takes its counts along
+        for pid in [p for p in self.executor.per_pid if p not in targets]:
+            del self.executor.per_pid[pid]
         doc["move_errors"] = dict(self.move_errors)
         doc["metrics"] = self.metrics.address if self.metrics is not None else None
         self.report.write_status(doc)

@@ -213,12 +213,24 @@ class Collector:
         tb = GaugeMetricFamily("pagetier_target_resident_bytes",
                                "A target's tracked memory on the fast and the slow node",
                                labels=["pid", "cgroup", "tier", "node"])
+        moves = {key: CounterMetricFamily(name, what, labels=["pid", "cgroup"])
+                 for key, name, what in (
+                     ("promoted_bytes", "pagetier_target_promoted_bytes",
+                      "Bytes of a target moved to the fast node"),
+                     ("demoted_bytes", "pagetier_target_demoted_bytes",
+                      "Bytes of a target moved to the slow node"),
+                     ("ping_pongs", "pagetier_target_ping_pongs",
+                      "A target's units moved back within the ping-pong window"))}
         for t in doc.get("targets", []):
             labels = [str(t["pid"]), t.get("cgroup") or ""]
             if "fast_bytes" in t:
                 tb.add_metric(labels + ["fast", fast], t["fast_bytes"])
                 tb.add_metric(labels + ["slow", slow], t["slow_bytes"])
+            for key, fam in moves.items():
+                if key in t:
+                    fam.add_metric(labels, t[key])
         yield tb
+        yield from moves.values()
         cgroups = doc.get("cgroups") or []
         if cgroups:
             cb = GaugeMetricFamily("pagetier_cgroup_resident_bytes",

@@ -280,6 +280,22 @@ def test_ping_pong_counted(tmp_path):
     assert d.step()["ping_pongs"] == 0
 
 
+def test_moves_and_ping_pongs_per_target_in_the_status(tmp_path):
+    """Each target's status entry (and so its metrics) carries the bytes moved to each node
+    and its ping-pongs over the run, its own and not another target's."""
+    d = make_daemon(tmp_path, policy="test-flip", units=64, hot=64, budget="1G", pids=(11, 12))
+    d.step(), d.step()  # promote all, then demote all: every demotion a ping-pong
+    d.write_status()
+    doc = json.loads(Path(d.cfg.status_file).read_text())
+    by_pid = {t["pid"]: t for t in doc["targets"]}
+    assert set(by_pid) == {11, 12}
+    total_promoted = sum(t["promoted_bytes"] for t in by_pid.values())
+    assert total_promoted == d.totals["promoted"] * 4096 > 0
+    assert sum(t["demoted_bytes"] for t in by_pid.values()) == d.totals["demoted"] * 4096
+    assert sum(t["ping_pongs"] for t in by_pid.values()) == d.totals["ping_pongs"] > 0
+    assert all(t["promoted_bytes"] > 0 for t in by_pid.values())  # each its own pages
+
+
 def test_mover_outcomes_busy_gone_nomem(tmp_path):
     def outcome(pid, addrs, node):
         st = np.full(len(addrs), node, np.int32)

@@ -50,7 +50,8 @@ def status_doc(**over) -> dict:
         "config": {"policy": "heuristic", "profiler": "kmod", "fast_node": 0, "slow_node": 1,
                    "interval": 1.0, "dry_run": False},
         "targets": [{"pid": 7, "name": "a", "cgroup": "app.slice", "fast_bytes": 3 * MIB,
-                     "slow_bytes": 5 * MIB},
+                     "slow_bytes": 5 * MIB, "promoted_bytes": 3 * MIB, "demoted_bytes": MIB,
+                     "ping_pongs": 2},
                     {"pid": 8, "name": "b", "cgroup": None, "fast_bytes": 0, "slow_bytes": MIB}],
         "cgroup": None,
         "cgroups": [{"path": "app.slice", "fast_budget": 64 * MIB, "pids": [7],
@@ -96,6 +97,10 @@ def test_collector_series_from_the_status_document(tmp_path):
     assert s[("pagetier_move_errors_pages_total", (("errno", "EACCES"),))] == 2
     assert s[("pagetier_hot_set_bytes", ())] == 1024 * 4096
     assert s[("pagetier_hot_set_fast_ratio", ())] == 0.25
+    a = (("cgroup", "app.slice"), ("pid", "7"))
+    assert s[("pagetier_target_promoted_bytes_total", a)] == 3 * MIB
+    assert s[("pagetier_target_demoted_bytes_total", a)] == MIB
+    assert s[("pagetier_target_ping_pongs_total", a)] == 2
     assert s[("pagetier_profiler_scan_seconds_total", (("pid", "7"),))] == 2.5
     assert s[("pagetier_profiler_probe_seconds_total", (("pid", "7"),))] == 0.5
     assert ("pagetier_fast_capacity_bytes", ()) not in s  # unknown: no series
