@@ -79,6 +79,15 @@ def format_status(doc: dict) -> str:
         f"demoted {tot.get('demoted', 0)} pages, busy {tot.get('busy', 0)}, failed "
         f"{tot.get('failed', 0)}, ping-pongs {tot.get('ping_pongs', 0)}",
     ]
+    for c in doc.get("cgroups") or []:  # each managed cgroup against its own budget
+        budget = (f"budget {c['fast_budget'] / mib:.0f} MiB" if c.get("fast_budget") is not None
+                  else "a fair share")
+        n = len(c.get("pids", []))
+        lines.append(f"  cgroup {c['path']}: {n} process{'' if n == 1 else 'es'}, fast "
+                     f"{c.get('fast_bytes', 0) / mib:.0f} MiB ({budget}), slow "
+                     f"{c.get('slow_bytes', 0) / mib:.0f} MiB")
+    if doc.get("metrics"):
+        lines.append(f"  metrics on {doc['metrics']}")
     if doc.get("control_socket"):
         lines.append(f"  control socket {doc['control_socket']}")
     if last:

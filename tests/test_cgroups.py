@@ -395,3 +395,23 @@ def test_runs_own_cgroup_is_made_and_removed(tmp_path, monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="pagetier.daemon"):
         cgroups.remove_run_cgroup(cg)
     assert cg.exists() and "processes of the command are still in it" in caplog.text
+
+
+def test_status_text_lists_each_cgroup_against_its_budget():
+    """`pagetier status` (text) shows each managed cgroup: processes, fast memory against its
+    own budget or a fair share, slow memory; and where the metrics are served."""
+    from pagetier.daemon.status import format_status
+
+    mib = 1 << 20
+    doc = {"pid": 1, "alive": True, "started": 0, "updated": 0, "config": {}, "totals": {},
+           "targets": [], "metrics": "0.0.0.0:9464",
+           "cgroups": [{"path": "/sys/fs/cgroup/a.slice", "fast_budget": 48 * mib, "pids": [5, 6],
+                        "fast_bytes": 40 * mib, "slow_bytes": 8 * mib},
+                       {"path": "/sys/fs/cgroup/b.slice", "fast_budget": None, "pids": [7],
+                        "fast_bytes": 0, "slow_bytes": 24 * mib}]}
+    text = format_status(doc)
+    assert ("cgroup /sys/fs/cgroup/a.slice: 2 processes, fast 40 MiB (budget 48 MiB), slow 8 MiB"
+            in text)
+    assert ("cgroup /sys/fs/cgroup/b.slice: 1 process, fast 0 MiB (a fair share), slow 24 MiB"
+            in text)
+    assert "metrics on 0.0.0.0:9464" in text
