@@ -1,6 +1,6 @@
 """Many cgroups on one daemon, and process trees: host tests with fake cgroup directories in
 tmp (a cgroup.procs file each) and the stub profiler. No real cgroup is created here; the
-real hierarchy is tested in the VM (tests/guest/test_cgroups.py)."""
+real hierarchy is tested in the VM (tests/guest/test_cgroup_hierarchy.py)."""
 from __future__ import annotations
 
 import json

@@ -66,3 +66,11 @@ def test_a_broken_contract_is_reported(tmp_path, module, line, report):
     bad.write_text(bad.read_text() + f"\n{line}  # noqa\n")
     r = lint(tmp_path, REPO / "pyproject.toml")
     assert r.returncode != 0 and report in r.stdout, r.stdout
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test files by basename (no packages under tests/): a host test and a
+    guest test of the same name stop the whole run at collection."""
+    tests = Path(__file__).resolve().parent
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

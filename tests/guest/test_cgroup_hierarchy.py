@@ -1,7 +1,7 @@
 """Many cgroups on one daemon, and a command's whole process tree, in the two-node VM (root,
 node 0 fast with the CPUs, node 1 slow), with a real cgroup v2 hierarchy made here.
 
-    scripts/vm --kernel 6.12 --hmat -- .venv/bin/python -m pytest -x -q tests/guest/test_cgroups.py
+    scripts/vm --kernel 6.12 --hmat -- .venv/bin/python -m pytest -x -q tests/guest/test_cgroup_hierarchy.py
 
 The workload (hotcold) first-touches its buffer on node 1 and reports, once a second, the
 fraction of its hot part on node 0: the truth checked here, with each process's numa_maps for
