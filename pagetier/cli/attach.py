@@ -70,6 +70,6 @@ def command(pids, cgroup, serve, **kw):
     if not pid_list and not cgs and not cfg.cgroup and not serve:
         raise click.UsageError("give PID[,PID...], --cgroup PATH, [[cgroup]] tables in the "
                                "config or --serve")
-    setup_logging(cfg, kw["verbose"])
+    setup_logging(kw["verbose"], cfg.log_file)
     daemon = _daemon(cfg, kw, pids=pid_list, cgroups=cgs, serve=serve)
     sys.exit(daemon.run())

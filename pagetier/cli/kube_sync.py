@@ -6,12 +6,11 @@ lists the pods on $NODE_NAME from the API server, resolves the annotated ones to
 """
 from __future__ import annotations
 
-import logging
-import sys
 import time
 
 import click
 
+from pagetier.cli.run import setup_logging
 from pagetier.daemon import control, kube
 from pagetier.protocol import socket_path
 
@@ -54,18 +53,8 @@ def command(node, interval, sock, cgroup_root, api_server, token_file, ca_file, 
                                "spec.nodeName)")
     url = api_server or kube.api_server()
     path = sock or socket_path()
-    _log(verbose)
+    setup_logging(verbose)
     sync = kube.Sync(lambda req: control.request(path, req))
     kube.run(lambda: kube.list_pods(url, node, token_file, ca_file), sync, node, cgroup_root,
              interval, time.sleep, rounds=1 if once else None)
 
-
-def _log(verbose: bool) -> None:
-    root = logging.getLogger("pagetier")
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    err = logging.StreamHandler(sys.stderr)
-    err.setFormatter(logging.Formatter("pagetier: %(message)s"))
-    root.addHandler(err)
-    root.propagate = False

@@ -99,7 +99,8 @@ def _load(kw) -> config_mod.Config:
     return cfg
 
 
-def setup_logging(cfg, verbose: bool = False) -> None:
+def setup_logging(verbose: bool = False, log_file: str | None = None) -> None:
+    """The pagetier loggers to stderr (and ``log_file``), INFO or with ``verbose`` DEBUG."""
     root = logging.getLogger("pagetier")
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     for h in list(root.handlers):
@@ -107,11 +108,11 @@ def setup_logging(cfg, verbose: bool = False) -> None:
     err = logging.StreamHandler(sys.stderr)
     err.setFormatter(logging.Formatter("pagetier: %(message)s"))
     root.addHandler(err)
-    if cfg.log_file:
+    if log_file:
         try:
-            fh = logging.FileHandler(cfg.log_file)
+            fh = logging.FileHandler(log_file)
         except OSError as e:
-            raise ConfigError(f"log_file {cfg.log_file}: {e.strerror}")
+            raise ConfigError(f"log_file {log_file}: {e.strerror}")
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(fh)
     root.propagate = False
@@ -166,7 +167,7 @@ pass the signal on to the command and wait for it. SIGHUP reloads the config fil
 def command(cmd, **kw):
     """Start CMD and manage the placement of its pages until it exits."""
     cfg = _load(kw)
-    setup_logging(cfg, kw["verbose"])
+    setup_logging(kw["verbose"], cfg.log_file)
     daemon = _daemon(cfg, kw)
     cg = None  # the command's own cgroup
     # numa_balancing off before the command first touches its memory
