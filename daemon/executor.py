@@ -142,7 +142,8 @@ class Executor:
         pages = np.bincount(code, weights=w, minlength=len(self._OUTCOMES)).astype(np.int64)
         moved = sel[code == 0]
         last = st.last_move[moved]
-        acc["ping_pongs"] += int(((last != NEVER) & (st.interval - last <= ping_pong_window)).sum())
+        back = (last != NEVER) & (st.interval - last <= ping_pong_window)  # ping-pongs
+        acc["ping_pongs"] += int(back.sum())
         moved_pages = int(pages[0]) + rp["moved"]
         acc["moved_pages"] += moved_pages
         acc["bytes_moved"] += moved_pages * PAGE_SIZE
@@ -152,7 +153,7 @@ class Executor:
         gone = sel[code == 4]
         acc["gone"] += len(gone)
         forget.append(gone)
-        self._count_per_pid(done, node, ping_pong_window)
+        self._count_per_pid(done, moved, w[code == 0], back, node)
         if len(moved):
             st.record_moves(moved, node)
         failed = sel[code == 2]
@@ -164,21 +165,17 @@ class Executor:
                 if len(m):
                     self.profiler.moved(pid, st.addresses(m), node)
 
-    def _count_per_pid(self, done: dict[int, list], node: int, ping_pong_window: int) -> None:
-        """Add each pid's moved pages (to ``node``) and ping-pongs to :attr:`per_pid`; called
-        before the moves are recorded in the state (their last move is the one before)."""
-        st = self.state
+    def _count_per_pid(self, done: dict[int, list], moved: np.ndarray, pages: np.ndarray,
+                       back: np.ndarray, node: int) -> None:
+        """Add the moved units' pages (``pages``, 0 for a region: its own count is in
+        ``done``) and ping-pongs (``back``) to their pids' :attr:`per_pid`, moved to ``node``."""
+        pids = self.state.pid_of(moved)
         for pid, chunks in done.items():
-            if not chunks:
-                continue
-            m = np.concatenate([c[0][c[1] == 0] for c in chunks])
-            pages = int(np.where(st.is_region(m), 0, st.npages[m]).sum(dtype=np.int64))
-            pages += sum(c[2].get("moved", 0) for c in chunks)  # regions' own moved pages
-            last = st.last_move[m]
-            pp = int(((last != NEVER) & (st.interval - last <= ping_pong_window)).sum())
+            mine = pids == pid
+            n = int(pages[mine].sum()) + sum(c[2].get("moved", 0) for c in chunks)
             rec = self.per_pid.setdefault(pid, {"to": {}, "ping_pongs": 0})
-            rec["to"][node] = rec["to"].get(node, 0) + pages
-            rec["ping_pongs"] += pp
+            rec["to"][node] = rec["to"].get(node, 0) + n
+            rec["ping_pongs"] += int(back[mine].sum())
 
     def _move_chunk(self, pid: int, sel: np.ndarray, node: int, acc: dict,
                     done: list) -> str | None:
