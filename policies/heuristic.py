@@ -50,7 +50,7 @@ from pagetier.policies.rules.phase import (INTERVAL_SCALE, PHASE_CHANGE_SCALE,  
 from pagetier.policies.rules.plan import Frame, make_plan, which_limit
 from pagetier.policies.rules.planner import fill_budget, plan_moves  # noqa: F401
 from pagetier.policies.rules.residency import counted_move_backs, idle_out, movers
-from pagetier.policies.rules.sparse import SparseEvidence, sparse_plan
+from pagetier.policies.rules.sparse import TRACK_FACTOR, SparseEvidence, sparse_plan
 from pagetier.policies.rules.throttle import (Throttle, oversubscribed, resampled,
                                               throttled_moves)
 from pagetier.policies.rules.victims import coldest_first, victim_pool
@@ -93,7 +93,8 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         cap = Capacity.of(ctx, c)
         if c.sparse and u.rate is not None:
             sampled = np.flatnonzero(u.rate > 0)
-            self._evidence.add(u.keys(sampled), u.rate[sampled])
+            self._evidence.add(u.keys(sampled), u.rate[sampled],
+                               track_below=TRACK_FACTOR * c.sparse_samples)
             if self._evidence.sparse(c):
                 return self._sparse_decision(view, ctx, cap)
         known, fast = u.node >= 0, u.node == ctx.fast_node

@@ -173,3 +173,18 @@ def test_sparse_rule_fills_room_from_the_sampled_region_first():
     st = seen["state"]
     fast = set(st.addr[st.node == 0].tolist())
     assert fast == {int(a) for a in addr[:per]}, sorted(fast)
+
+
+def test_dense_reads_keep_no_per_unit_evidence():
+    """Reads far denser than sparse_samples (pagetier.ko's) never engage the rule: the evidence
+    keeps its typical count but no per-unit counts, which would cost the daemon every interval;
+    thin reads keep them."""
+    from pagetier.policies.rules.sparse import SparseEvidence
+
+    keys = np.arange(1000, dtype=np.uint64)
+    dense, thin = SparseEvidence(0.9), SparseEvidence(0.9)
+    for _ in range(5):
+        dense.add(keys, np.full(1000, 300.0), track_below=12.0)
+        thin.add(keys[:10], np.ones(10), track_below=12.0)
+    assert dense.typical == 300.0 and len(dense.keys) == 0
+    assert len(thin.keys) == 10 and thin.counts(keys[:1])[0] > 1

@@ -33,10 +33,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagetier.core.arrays import unique
 from pagetier.policies.rules.planner import plan_moves
 from pagetier.policies.rules.view import NEVER
 
 SETTLE_READS = 3  # reads before the evidence is judged sparse
+# per-unit counts are kept only while the typical count a read is below this many times
+# sparse_samples: reads far denser than that (pagetier.ko's, at hundreds a second) never engage
+# the rule, and its bookkeeping over every sampled unit would cost the daemon each interval
+TRACK_FACTOR = 10.0
 
 
 def poisson_bounds(k: np.ndarray, z: float) -> tuple[np.ndarray, np.ndarray]:
@@ -63,11 +68,11 @@ class SparseEvidence:
         self.reads = 0
         self.typical = 0.0  # running mean of each read's sample-weighted median count
 
-    def add(self, keys: np.ndarray, samples: np.ndarray) -> None:
-        """One read: everything decays a read, units ``keys`` (sorted) gain ``samples``."""
+    def add(self, keys: np.ndarray, samples: np.ndarray, track_below: float = np.inf) -> None:
+        """One read: everything decays a read, units ``keys`` gain ``samples``; the per-unit
+        counts are dropped, and not kept, while the typical count is ``track_below`` or more."""
         self.exposure = self.decay * self.exposure + 1.0
-        srt = np.argsort(keys, kind="stable")
-        keys, samples = np.asarray(keys)[srt], np.asarray(samples, np.float64)[srt]
+        samples = np.asarray(samples, np.float64)
         if samples.sum() > 0:  # the count at which half of this read's samples are
             x = np.sort(samples)
             cw = np.cumsum(x)
@@ -75,11 +80,16 @@ class SparseEvidence:
             w = 1.0 / self.exposure  # a running mean over the decayed reads
             self.typical = med if not self.reads else (1 - w) * self.typical + w * med
             self.reads += 1
+        if self.reads and self.typical >= track_below:
+            self.keys, self.count = self.keys[:0], self.count[:0]
+            return
+        srt = np.argsort(keys, kind="stable")
+        keys, samples = np.asarray(keys)[srt], samples[srt]
         count = self.count * self.decay
         keep = count >= 1e-3  # counts that have faded out are forgotten
         old_k, old_c = self.keys[keep], count[keep]
         keys = np.asarray(keys, np.uint64)
-        allk = np.union1d(old_k, keys)
+        allk = unique(np.concatenate([old_k, keys]))  # np.union1d hashes: slow on numpy 2.4
         c = np.zeros(len(allk), np.float64)
         c[np.searchsorted(allk, old_k)] += old_c
         np.add.at(c, np.searchsorted(allk, keys), np.asarray(samples, np.float64))
