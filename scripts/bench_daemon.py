@@ -28,7 +28,10 @@
    left out too), as % of one core, the worst interval over the median, the state's bytes and
    the records read per interval. Beside it, the code before (``--baseline``, default d4ff290)
    at page granularity on the same accesses, where its state fits in memory (64 GiB: 16.8
-   million units; 1 TiB would be 268 million, 11.8 GB of state).
+   million units; 1 TiB would be 268 million, 11.8 GB of state); with
+   ``--baseline-granularity region``, at region granularity and every size (to compare two
+   revisions of the region-unit daemon). ``--repeat N`` alternates N runs of each and reports
+   the median (the host's speed drifts within minutes).
 3. move_pages throughput of pagetier.core.mover against a plain batched numa_move_pages loop
    over the same pages (pages/s and the ratio). With one node (the host) both "move" to node 0
    (the kernel checks each page and finds it in place); with two (the VM) each round moves the
@@ -41,6 +44,7 @@ Usage:
   scripts/vm -- .venv/bin/python scripts/bench_daemon.py --sizes 64M --move-size 256M
   .venv/bin/python scripts/bench_daemon.py --scale [--sizes 64G,1T,4T] [--hot 0.01,0.05]
                                            [--baseline d4ff290] [-o docs/daemon-scale.md]
+                                           [--baseline-granularity region] [--repeat 3]
 """
 from __future__ import annotations
 
@@ -347,49 +351,81 @@ def run_scale(a, tree) -> int:
           f"{a.intervals} intervals of 1 s; accessed: clustered runs (90% of 2-64 MiB) plus "
           f"{NOISE_PPM} ppm of the pages anywhere")
     if tree is not None:
-        print(f"before: {a.baseline} at page granularity (4 KiB units), same accesses, "
-              f"up to {a.baseline_max_size}")
+        print(f"before: {a.baseline} at {bgran_text(a)}, same accesses")
+    if a.repeat > 1:
+        print(f"each figure: the median of {a.repeat} runs (this tree and the baseline "
+              f"alternating)")
     print(" | ".join(head))
+    bgran = a.baseline_granularity
     for s in sizes.split(","):
         size = config_mod.parse_size(s)
         for h in (float(x) for x in a.hot.split(",")):
-            r = run_scale_worker(None, size, a.intervals, a.policy, h, "region")
+            base_runs = tree is not None and (bgran == "region" or size <= max_base)
+            # with --repeat, this tree's and the baseline's runs alternate (the host's speed
+            # drifts within minutes); each figure is the run with the median CPU per interval
+            mine, theirs = [], []
+            for _ in range(a.repeat):
+                mine.append(run_scale_worker(None, size, a.intervals, a.policy, h, "region"))
+                if base_runs:
+                    theirs.append(run_scale_worker(tree, size, a.baseline_intervals, a.policy,
+                                                   h, bgran))
+            r = median_run(mine)
             row = [s, f"{h:.0%}", f"{r['records']:,.0f}", f"{r['merge_ms']:.1f}",
                    f"{r['decide_ms']:.1f}", f"{r['step_ms']:.1f}",
                    f"{r['step_ms'] / 10:.2f}%", f"{r['worst_ratio']:.2f}",
                    fmt_bytes(r["state_bytes"])]
             if tree is None:
                 row += ["-"] * 5
-            elif size > max_base:
+            elif not base_runs:
                 units = size // PAGE
                 row += [f"not run: {units / 1e6:,.0f} M page units, "
                         f"{fmt_bytes(units * 44)} of state", "-", "-", "-", "-"]
             else:
-                b = run_scale_worker(tree, size, a.baseline_intervals, a.policy, h, "page")
+                b = median_run(theirs)
                 row += [f"{b['step_ms']:.1f}", f"{b['step_ms'] / 10:.2f}%",
                         f"{b['worst_ratio']:.2f}", fmt_bytes(b["state_bytes"]),
-                        f"{b['step_ms'] / r['step_ms']:.0f}x"]
+                        f"{b['step_ms'] / r['step_ms']:.{1 if bgran == 'region' else 0}f}x"]
             rows.append(row)
             print(" | ".join(row), flush=True)
     if a.output:
         table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         table += ["| " + " | ".join(r) + " |" for r in rows]
         day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        cmd = (f"--scale --sizes {sizes} --hot {a.hot} --intervals {a.intervals} "
+               f"--baseline {a.baseline}")
+        if bgran == "region":
+            cmd += " --baseline-granularity region"
+        if a.repeat > 1:
+            cmd += f" --repeat {a.repeat}"
         text = (f"\n### {day}: native scale run, region units\n\n"
-                f"`scripts/bench_daemon.py --scale --sizes {sizes} --hot {a.hot} --intervals "
-                f"{a.intervals} --baseline {a.baseline}`: the stub profiler lists region units "
+                f"`scripts/bench_daemon.py {cmd}`: the stub profiler lists region units "
                 f"(2 MiB of 4 KiB pages), the accessed ones each interval and 1/16 of all of them "
                 f"(the complete read, spread); accessed: clustered runs (nine in ten of 2-64 MiB) "
                 f"plus {NOISE_PPM} ppm of the pages anywhere; CPU per 1 s interval, mean of "
                 f"{a.intervals} (merge: the reads into the PageState; decide: the policy), the "
                 f"stub's own time (its reads and moves: the kernel's work) left out; the default "
-                f"migration rate (512 MB/s). \"before\": {a.baseline} at page "
-                f"granularity on the same accesses, run only where its state fits "
-                f"(up to {a.baseline_max_size}).\n\n" + "\n".join(table) + "\n")
+                f"migration rate (512 MB/s). \"before\": {a.baseline} at "
+                f"{bgran_text(a)} on the same accesses."
+                + (f" Each figure: the median of {a.repeat} runs, this tree's and the "
+                   f"baseline's alternating." if a.repeat > 1 else "")
+                + "\n\n" + "\n".join(table) + "\n")
         with open(a.output, "a") as f:
             f.write(text)
         print(f"appended to {a.output}")
     return 0
+
+
+def bgran_text(a) -> str:
+    """How the baseline is run, for the scale run's heading."""
+    if a.baseline_granularity == "region":
+        return "region granularity (the same units as this tree)"
+    return (f"page granularity (4 KiB units), run only where its state fits (up to "
+            f"{a.baseline_max_size})")
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Of several runs of one measurement, the one with the median CPU per interval."""
+    return sorted(runs, key=lambda r: r["step_ms"])[(len(runs) - 1) // 2]
 
 
 def run_scale_worker(tree: Path | None, size: int, intervals: int, policy: str, hot: float,
@@ -500,7 +536,15 @@ def main(argv=None) -> int:
                          "both means include the complete read; fewer halve the run but leave "
                          "it out of the baseline's mean)")
     ap.add_argument("--baseline-max-size", default="64G",
-                    help="skip the baseline above this size (default %(default)s)")
+                    help="skip the baseline above this size (default %(default)s; --scale: "
+                         "at page granularity only)")
+    ap.add_argument("--baseline-granularity", choices=("page", "region"), default="page",
+                    help="--scale: the baseline's units (default %(default)s: 4 KiB, the code "
+                         "before region units; region: the same units as this tree, every "
+                         "size)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="--scale: runs of each measurement, this tree's and the baseline's "
+                         "alternating; the median is reported (default %(default)s)")
     ap.add_argument("--policy", default="heuristic")
     ap.add_argument("--move-size", default="64M")
     ap.add_argument("--rounds", type=int, default=6)
@@ -510,6 +554,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.baseline_intervals is None:
         a.baseline_intervals = a.intervals
+    if a.repeat < 1:
+        ap.error(f"--repeat must be at least 1, got {a.repeat}")
     if a.rounds < 1 and not a.skip_move:
         ap.error(f"--rounds must be at least 1, got {a.rounds} (--skip-move skips part 2)")
 
