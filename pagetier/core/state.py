@@ -87,6 +87,10 @@ DTYPE = np.dtype(
 )
 assert DTYPE.itemsize == 36
 
+# a lookup that finds more than this share of its keys outside the last interval's units
+# searches every unit's key directly for the next LOOKUP_DIRECT lookups (see _lookup)
+LOOKUP_MISS = 0.25
+LOOKUP_DIRECT = 8
 POOL_MIN = 65536  # units a pool of a node's coldest units keeps at least (see coldest)
 MIN_SCALE = 2.0 ** -64  # renormalise heat when the global scale falls below this
 _NODES = 129  # node -1 (unknown) .. 127, counted at node + 1
@@ -115,11 +119,20 @@ def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a
     if not len(a):
         return b
-    p, found = _find(a, b)
-    miss = ~found
-    if not miss.any():
-        return a
-    return np.insert(a, p[miss], b[miss])
+    if len(b) * 16 < len(a):  # a few to add: search them, insert
+        p, found = _find(a, b)
+        miss = ~found
+        if not miss.any():
+            return a
+        return np.insert(a, p[miss], b[miss])
+    # many: merge the two sorted runs (a stable sort finds them; no binary search), drop the
+    # duplicates
+    c = np.concatenate([a, b])
+    c.sort(kind="stable")
+    keep = np.empty(len(c), bool)
+    keep[0] = True
+    np.not_equal(c[1:], c[:-1], out=keep[1:])
+    return c[keep]
 
 
 def union_remap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -194,6 +207,7 @@ class PageState:
         self._k = None  # sorted keys, or None
         self._touched = None  # sorted indices merged in this interval; None: unknown
         self._recent = None  # the last interval's touched units: where to look up first
+        self._direct = 0  # lookups left that search every unit's key directly (see _lookup)
         self._node_pages = None  # pages per node + 1, and the unmovable ones, or None
         self._unmov_pages = None
         self._cand = None  # sorted indices: every other unit's heat is below _cand_floor
@@ -651,7 +665,10 @@ class PageState:
         searching every unit's."""
         all_keys = self.keys()
         recent = self._recent
-        if recent is None or not len(recent):
+        if recent is None or not len(recent) or self._direct > 0:
+            # after a lookup that found many keys outside the last interval's units (noise:
+            # pages touched once, anywhere), searching those first costs more than it saves
+            self._direct = max(0, self._direct - 1)
             return _find(all_keys, keys)
         p, found = _find(all_keys[recent], keys)
         pos = np.empty(len(keys), np.int64)
@@ -659,6 +676,8 @@ class PageState:
         miss = np.flatnonzero(~found)
         if len(miss):
             pos[miss], found[miss] = _find(all_keys, keys[miss])
+        if len(miss) > LOOKUP_MISS * len(keys):
+            self._direct = LOOKUP_DIRECT  # then the last interval's units are tried again
         return pos, found
 
     def _merge_rows(self, lo: int, acc: np.ndarray, count: np.ndarray, rate: np.ndarray,

@@ -30,9 +30,20 @@ def sorted_unique(idx: np.ndarray, n: int) -> np.ndarray:
 
 
 def member_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Which of ``a`` are in ``b`` (``b`` sorted)."""
-    if not len(b):
+    """Which of ``a`` are in ``b`` (``b`` sorted).
+
+    When ``a`` is sorted too (strictly increasing, as keys of units in index order) and not
+    much smaller than ``b``, the two are merged instead of searched: a stable sort of ``b``
+    then ``a`` finds the two runs, and each element of ``a`` lands after the elements of ``b``
+    not above it, so its place in the merge less its place in ``a`` is that count (about twice
+    as fast as a binary search of each, at tens of thousands of keys)."""
+    if not len(b) or not len(a):
         return np.zeros(len(a), bool)
+    if (len(a) >= 4096 and len(b) <= 2 * len(a) and a.dtype == b.dtype
+            and bool((a[1:] > a[:-1]).all())):
+        order = np.argsort(np.concatenate([b, a]), kind="stable")
+        p = np.flatnonzero(order >= len(b)) - np.arange(len(a))  # b's elements <= each of a
+        return (p > 0) & (b[np.maximum(p - 1, 0)] == a)
     pos = np.minimum(np.searchsorted(b, a), len(b) - 1)
     return b[pos] == a
 
