@@ -390,7 +390,16 @@ class PageState:
         n = max(0, int(n))
         a = self._a
         pool = self._pools.get(node)
+        if pool is not None and pool[3] is not None and pool[4] is not None:
+            self._pool_settle(pool, node)
+        if (pool is not None and pool[3] is not None and pool[4] is not None
+                and (pool[1] == np.inf or len(pool[0]) >= n)):
+            # no member changed, or those that changed left: the order stands
+            order = pool[3]
+            pool[4] = []
+            return _prefix(self._trim(pool, order, n), n, pool[1] == np.inf)
         if pool is not None:
+            pool[4] = []  # checked in full below
             idx, th, ti = pool[:3]
             idx = idx[a["node"][idx] == node]
             h = self._coldness(idx)
@@ -426,8 +435,33 @@ class PageState:
             sel.sort()
             th, ti = float(v), int(eq[take]) if take < len(eq) else 1 << 62
         order = self._by_coldness(sel, self._coldness(sel))
-        self._pools[node] = [sel, th, ti, order]
+        self._pools[node] = [sel, th, ti, order, []]
         return _prefix(order, n, th == np.inf)
+
+    def _pool_settle(self, pool: list, node: int) -> None:
+        """Bring an ordered pool up to date from the units that changed since it was last
+        checked (``pool[4]``: index arrays of units that got heat or a new node or size): a
+        changed member that is still on ``node`` and colder than the key may have moved in the
+        order, so the pool is left for the full check (``pool[4]`` None); the others left the
+        pool and are dropped from it and its order. Costs the changed units, not the pool."""
+        changed = pool[4]
+        if not changed:
+            return
+        idx, th, ti, order = pool[:4]
+        mark = np.zeros(len(self._a), bool)
+        for c in changed:
+            mark[c] = True
+        hit = mark[idx]
+        if not hit.any():
+            return
+        ch = idx[hit]
+        h = self._coldness(ch)
+        stay = (self._a["node"][ch] == node) & ((h < th) | ((h == th) & (ch < ti)))
+        if stay.any():
+            pool[4] = None
+            return
+        pool[0] = idx[~hit]
+        pool[3] = order[~mark[order]]
 
     def _by_coldness(self, idx: np.ndarray, h: np.ndarray) -> np.ndarray:
         """Units ``idx`` (sorted) in the pools' order: heat per page, then index. Units of no
@@ -453,7 +487,7 @@ class PageState:
         first_out = int(order[keep])
         order = order[:keep]
         pool[:] = [np.sort(order), float(self._coldness(np.array([first_out]))[0]), first_out,
-                   order]
+                   order, pool[4]]
         return order
 
     def _pool_join(self, idx: np.ndarray) -> None:
@@ -461,6 +495,7 @@ class PageState:
         colder than its key."""
         if not self._pools or not len(idx):
             return
+        self._pool_changed(idx)
         a = self._a
         nd = a["node"][idx]
         for node, pool in self._pools.items():
@@ -474,6 +509,17 @@ class PageState:
                 pool[0] = union(pool[0], j)
                 pool[3] = None
 
+    def _pool_changed(self, idx: np.ndarray) -> None:
+        """Units ``idx`` got heat, or a new node or size: noted for each pool's next
+        :meth:`_pool_settle` (past a state's worth of notes, the pool is checked in full)."""
+        for pool in self._pools.values():
+            notes = pool[4]
+            if notes is None:
+                continue
+            notes.append(idx)
+            if sum(len(x) for x in notes) > len(self._a):
+                pool[4] = None
+
     def _pool_remap(self, fn, key_fn=None) -> None:
         """Pools' members through ``fn``, their keys' indices through ``key_fn`` (default
         ``fn``, for a remap that drops nothing; after deletions a key unit that was deleted
@@ -483,6 +529,7 @@ class PageState:
         for pool in self._pools.values():
             pool[0] = fn(pool[0])
             pool[3] = None
+            pool[4] = None
             if pool[2] < 1 << 62:
                 pool[2] = int(key_fn(pool[2]))
 
@@ -737,6 +784,8 @@ class PageState:
         before = a["heat"][acc]
         a["heat"][acc] = before + rate / np.float32(self.scale)
         a["last_access"][acc] = self.interval
+        if self._pools:
+            self._pool_changed(acc)
         self._join_candidates(acc, before)
         self._touched = union(self._touched, acc)
 
