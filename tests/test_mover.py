@@ -49,6 +49,7 @@ def kernel(monkeypatch):
         monkeypatch.setattr(mover, "_raw", k)
         return k
     monkeypatch.setattr(mover, "_move_all", True)
+    monkeypatch.setattr(mover, "_cap", True)
     return make
 
 
@@ -59,22 +60,13 @@ def units(n):
     return np.array([BASE + i * PAGE for i in range(n)], np.uint64)
 
 
-def test_units_marked_shared_go_with_move_all_the_rest_without(kernel):
-    k = kernel(shared=[BASE + PAGE])
+def test_with_the_capability_every_page_goes_with_move_all_in_one_call(kernel):
+    """Shared pages, marked or not (a second process may map a page after the scan that saw
+    it alone): one call, MPOL_MF_MOVE_ALL, every page moved; no page sent twice."""
+    k = kernel(shared=[BASE + PAGE, BASE + 2 * PAGE])
     res = mover.move(1, units(4), 0, shared=np.array([False, True, False, False]))
     assert res.moved.tolist() == [0, 1, 2, 3] and not res.errors
-    assert k.sent(ALL) == [BASE + PAGE]
-    assert k.sent(mover.MPOL_MF_MOVE) == [BASE, BASE + 2 * PAGE, BASE + 3 * PAGE]
-
-
-def test_a_page_reported_shared_is_moved_again_with_move_all(kernel):
-    """No unit marked shared, but the kernel answers -EACCES for one page: that page alone goes
-    once more, with MPOL_MF_MOVE_ALL, and moves."""
-    k = kernel(shared=[BASE + 2 * PAGE])
-    res = mover.move(1, units(4), 0)
-    assert res.moved.tolist() == [0, 1, 2, 3] and not len(res.failed) and not res.errors
-    assert [f for _, f in k.calls] == [mover.MPOL_MF_MOVE, ALL]
-    assert k.sent(ALL) == [BASE + 2 * PAGE]
+    assert [f for _, f in k.calls] == [ALL] and k.sent() == units(4).tolist()
 
 
 def test_a_region_marked_shared_sends_its_pages_with_move_all(kernel):
@@ -82,8 +74,13 @@ def test_a_region_marked_shared_sends_its_pages_with_move_all(kernel):
     addrs = np.array([BASE, BASE + HUGE], np.uint64)
     res = mover.move(1, addrs, 0, region=np.array([True, True]), shared=np.array([False, True]))
     assert res.moved.tolist() == [0, 1] and res.region_pages["moved"] == 1024
-    assert k.sent(ALL) == [BASE + HUGE + i * PAGE for i in range(512)]
-    assert len(k.sent()) == 1024
+    assert len(k.sent(ALL)) == 1024 == len(k.sent())
+
+
+def test_batches_are_one_call_each(kernel):
+    k = kernel(shared=[BASE + 5 * PAGE])
+    res = mover.move(1, units(8), 0, batch=3)
+    assert res.moved.tolist() == list(range(8)) and res.calls == 3 == len(k.calls)
 
 
 def test_without_the_capability_it_says_so_once_and_moves_what_it_can(kernel, monkeypatch,
@@ -91,6 +88,7 @@ def test_without_the_capability_it_says_so_once_and_moves_what_it_can(kernel, mo
     (tmp_path / "status").write_text("CapEff:\t0000000000000000\n")  # no CAP_SYS_NICE
     monkeypatch.setattr(mover, "PROC_STATUS", str(tmp_path / "status"))
     monkeypatch.setattr(mover, "_move_all", None)
+    monkeypatch.setattr(mover, "_cap", None)
     k = kernel(shared=[BASE, BASE + 3 * PAGE])
     with caplog.at_level(logging.WARNING, logger="pagetier.mover"):
         for _ in range(3):
@@ -133,12 +131,14 @@ def test_counts_of_mixed_outcomes_by_errno_name(kernel):
     assert res.errors == {"EBUSY": 1, "EAGAIN": 1, "ENOENT": 1}
     assert res.moved.tolist() == [3, 4] and res.busy.tolist() == [0, 1]
     assert res.gone.tolist() == [2]
-    assert len(k.calls) == 2  # the shared page once more with MPOL_MF_MOVE_ALL, nothing else
+    assert len(k.calls) == 1  # the shared page in the same call, with MPOL_MF_MOVE_ALL
 
 
-def test_enomem_stops_before_the_shared_retry(kernel):
-    """ENOMEM ends the move: the shared pages are not sent again, the rest count as nomem."""
+def test_enomem_stops_the_move(kernel, monkeypatch):
+    """ENOMEM ends the move: the batches after it are not sent and count as nomem; without
+    the capability the shared page in the batch sent is counted as EACCES."""
     k = kernel(shared=[BASE], busy={BASE + PAGE: errno.ENOMEM})
+    monkeypatch.setattr(mover, "_move_all", False)
     res = mover.move(1, units(4), 0, batch=2)
     assert res.stopped and res.nomem.tolist() == [1, 2, 3] and res.failed.tolist() == [0]
     assert len(k.calls) == 1 and res.errors == {"EACCES": 1, "ENOMEM": 1}
@@ -151,6 +151,7 @@ def test_can_move_all_reads_cap_sys_nice(tmp_path, monkeypatch, capeff, want):
     status.write_text(f"Name:\tpagetier\nCapInh:\t0000000000000000\nCapEff:\t{capeff}\n")
     monkeypatch.setattr(mover, "PROC_STATUS", str(status))
     monkeypatch.setattr(mover, "_move_all", None)
+    monkeypatch.setattr(mover, "_cap", None)
     assert mover.can_move_all() is want
 
 
@@ -159,6 +160,7 @@ def test_private_memory_never_asks_for_the_capability(kernel, monkeypatch, caplo
     (tmp_path / "status").write_text("CapEff:\t0000000000000000\n")
     monkeypatch.setattr(mover, "PROC_STATUS", str(tmp_path / "status"))
     monkeypatch.setattr(mover, "_move_all", None)
+    monkeypatch.setattr(mover, "_cap", None)
     k = kernel()
     with caplog.at_level(logging.WARNING, logger="pagetier.mover"):
         res = mover.move(1, units(4), 0)

@@ -15,8 +15,8 @@ the destination node      moved       record the move
 -EBUSY, -EAGAIN           busy        try again in a later interval
 -ENOMEM                   nomem       stop moving for this interval (back off)
 -EFAULT, -ENOENT          gone        forget the unit (unmapped, or never touched)
--EACCES (shared page)     failed      moved again with MPOL_MF_MOVE_ALL (below);
-                                      without CAP_SYS_NICE counted, left in place
+-EACCES (shared page)     failed      (only without CAP_SYS_NICE: below) counted,
+                                      left in place
 anything else             failed      count it
 ========================  ==========  =============================================
 
@@ -27,10 +27,13 @@ interval plans again.
 
 Pages mapped by more than one process (shmem segments, shared file mappings, pages a fork
 shares) move only with ``MPOL_MF_MOVE_ALL``, which needs CAP_SYS_NICE: with plain
-``MPOL_MF_MOVE`` the kernel answers -EACCES for them. :func:`move` passes MPOL_MF_MOVE_ALL
-from the start for the units its ``shared`` marks (the profiler saw them mapped more than
-once), and moves the pages of the others that came back -EACCES once more with it. Without the
-capability (:func:`can_move_all`) it says so once, in one line, and moves what it can.
+``MPOL_MF_MOVE`` the kernel answers -EACCES for them. That flag changes nothing else
+(add_page_for_migration in mm/migrate.c, 6.1 and 6.12, tests it only against the folio's
+sharing), so with the capability :func:`move` passes it for every page from the first call:
+one call per batch whether or not the profiler knew a page was shared (a second process may
+have mapped it since the last scan). Without the capability (:func:`can_move_all`) the shared
+pages answer -EACCES: it says so once, in one line, when a page is shared (``shared`` marks
+it, or the kernel answered -EACCES), and moves the others.
 
 A region's pages that are -ENOENT or -EFAULT are absent (never touched, or unmapped holes), not
 a gone unit: the region is ``gone`` only when all 512 are. It is ``moved`` when every present
@@ -70,7 +73,8 @@ PROC_STATUS = "/proc/self/status"
 
 log = logging.getLogger("pagetier.mover")
 _lib = None
-_move_all: bool | None = None  # whether MPOL_MF_MOVE_ALL is allowed; None: not looked at yet
+_move_all: bool | None = None  # whether MPOL_MF_MOVE_ALL is allowed; None: not said yet
+_cap: bool | None = None  # whether CapEff holds CAP_SYS_NICE; None: not read yet
 
 
 class MoveError(PagetierError):
@@ -191,18 +195,30 @@ def page_addresses(addrs: np.ndarray, region: np.ndarray) -> tuple[np.ndarray, n
     return addrs[owner] + offset.astype(np.uint64) * np.uint64(PAGE_SIZE), owner
 
 
-def can_move_all() -> bool:
-    """Whether this process may pass MPOL_MF_MOVE_ALL (it has CAP_SYS_NICE); the first time it
-    may not, one line says what that leaves undone."""
-    global _move_all
-    if _move_all is None:
+def _has_cap_sys_nice() -> bool:
+    """Whether this process's effective capabilities hold CAP_SYS_NICE (read once)."""
+    global _cap
+    if _cap is None:
         try:
             with open(PROC_STATUS) as f:
                 caps = next((ln.split()[1] for ln in f if ln.startswith("CapEff:")), "0")
-            allowed = bool(int(caps, 16) >> CAP_SYS_NICE & 1)
+            _cap = bool(int(caps, 16) >> CAP_SYS_NICE & 1)
         except (OSError, ValueError):
-            allowed = os.geteuid() == 0
-        _set_move_all(allowed)
+            _cap = os.geteuid() == 0
+    return _cap
+
+
+def _move_all_quiet() -> bool:
+    """Whether MPOL_MF_MOVE_ALL may be passed, without the warning (private pages need no word
+    of it): what the kernel answered before, else the capability."""
+    return _move_all if _move_all is not None else _has_cap_sys_nice()
+
+
+def can_move_all() -> bool:
+    """Whether this process may pass MPOL_MF_MOVE_ALL (it has CAP_SYS_NICE); the first time it
+    may not, one line says what that leaves undone."""
+    if _move_all is None:
+        _set_move_all(_has_cap_sys_nice())
     return bool(_move_all)
 
 
@@ -256,8 +272,9 @@ def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
          shared: np.ndarray | None = None) -> MoveResult:
     """Move the units starting at ``addrs`` of process ``pid`` to ``node``, ``batch`` pages
     per call. ``region``: which units are regions (bool; None: none), moved page by page.
-    ``shared``: which units are mapped by more than one process (bool; None: none known):
-    they are moved with MPOL_MF_MOVE_ALL, as are the others' pages the kernel reports shared.
+    ``shared``: which units are mapped by more than one process (bool; None: none known).
+    With CAP_SYS_NICE every page goes with MPOL_MF_MOVE_ALL (shared or not: one call per
+    batch); without it a shared page stays, and the first one says so (module docstring).
 
     Stops after the batch in which a page failed with ENOMEM (the rest count as ``nomem``).
     Raises MoveError for whole-call failures (see the module docstring).
@@ -268,25 +285,14 @@ def move(pid: int, addrs: np.ndarray, node: int, flags: int = MPOL_MF_MOVE,
     if region is not None and len(region) and np.asarray(region, bool).any():
         addrs, owner = page_addresses(addrs, np.asarray(region, bool))
     n = len(addrs)
-    sh = np.zeros(n, bool)
-    if shared is not None and len(shared) == n_units:
-        sh = np.asarray(shared, bool)
-        if owner is not None:
-            sh = sh[owner]
-    # (the capability is looked at only when a page needs it: no warning for private memory)
-    def all_flags() -> int:
-        return flags | MPOL_MF_MOVE_ALL if flags & MPOL_MF_MOVE_ALL or can_move_all() else flags
-
+    marked = shared is not None and len(shared) == n_units and bool(np.any(shared))
     status = np.full(n, _NOT_TRIED, np.int32)
     res = MoveResult()
-    # the units known to be shared first, with MPOL_MF_MOVE_ALL: then the others
-    ok = not sh.any() or _run(pid, addrs, node, all_flags(), batch, status, np.flatnonzero(sh),
-                              res)
-    ok = ok and _run(pid, addrs, node, flags, batch, status, np.flatnonzero(~sh), res)
-    # pages the kernel found shared (-EACCES): once more, with MPOL_MF_MOVE_ALL
-    again = np.flatnonzero(status == -errno.EACCES)
-    if ok and len(again) and all_flags() & MPOL_MF_MOVE_ALL:
-        ok = _run(pid, addrs, node, all_flags(), batch, status, again, res)
+    move_all = bool(flags & MPOL_MF_MOVE_ALL) or _move_all_quiet()
+    ok = _run(pid, addrs, node, flags | MPOL_MF_MOVE_ALL if move_all else flags, batch, status,
+              np.arange(n), res)
+    if marked or (status == -errno.EACCES).any():
+        can_move_all()  # shared pages met: without the capability, one line says so
     res.stopped = not ok
     pages = classify(status, node)
     if owner is None:
