@@ -696,10 +696,13 @@ class PageState:
                       region: np.ndarray | None, trust_moves: int) -> None:
         """Existing units ``idx`` (sorted unique) as a sample shows them: those whose node,
         size or (when the sample says, ``region`` not None) region flag differ take them."""
-        a = self._a
-        ch = (a["node"][idx] != node) | (a["npages"][idx] != npages)
+        if len(idx) and int(idx[-1]) - int(idx[0]) == len(idx) - 1:  # a run of rows (a part)
+            r = self._a[int(idx[0]):int(idx[-1]) + 1]
+        else:
+            r = np.take(self._a, idx)  # one gather of the rows, not one per field
+        ch = (r["node"] != node) | (r["npages"] != npages)
         if region is not None:
-            ch |= ((a["flags"][idx] & F_REGION) != 0) != region
+            ch |= ((r["flags"] & F_REGION) != 0) != region
         diff = np.flatnonzero(ch)
         if len(diff):
             self._take_nodes(idx[diff], node[diff], npages[diff], trust_moves,
