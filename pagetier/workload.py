@@ -2,8 +2,9 @@
 
 It reports the fraction of its accesses the fast node served, once a second, and checksums its
 memory at the end. ``Workload`` starts it and reads its JSON lines. Its buffer is private
-anonymous memory, shared memory or a shared file mapping (``--memory anon|shmem|file:PATH``,
-:data:`MEMORY_KINDS`); :func:`check_file` reads a file it filled back and checks every page.
+anonymous memory, shared memory, a shared file mapping or a private one whose pages it writes
+(copies of the file's) (``--memory anon|shmem|file:PATH|private:PATH``, :data:`MEMORY_KINDS`);
+:func:`check_file` reads a file it filled back and checks every page.
 """
 from __future__ import annotations
 
@@ -26,18 +27,21 @@ CHECKOUT_BIN = HERE.parent / "build" / "bin"
 PACKAGE_BIN = SOURCES / "bin"
 
 
-# --memory of hotcold: the kinds of memory its buffer can be (file takes a path: file:PATH)
-MEMORY_KINDS = ("anon", "shmem", "file")
+# --memory of hotcold: the kinds of memory its buffer can be (file and private take a path:
+# file:PATH, private:PATH)
+MEMORY_KINDS = ("anon", "shmem", "file", "private")
+_WITH_PATH = ("file", "private")
 PAGE = 4096
 WORDS = PAGE // 8
 
 
 def memory_arg(kind: str) -> str:
-    """``kind`` checked as hotcold's --memory value (anon, shmem or file:PATH); ConfigError
-    naming the choices otherwise."""
+    """``kind`` checked as hotcold's --memory value (anon, shmem, file:PATH or private:PATH);
+    ConfigError naming the choices otherwise."""
     name, _, path = kind.partition(":")
-    if name not in MEMORY_KINDS or (name == "file") != bool(path):
-        raise ConfigError(f"memory kind must be anon, shmem or file:PATH, got {kind!r}")
+    if name not in MEMORY_KINDS or (name in _WITH_PATH) != bool(path):
+        raise ConfigError("memory kind must be anon, shmem, file:PATH or private:PATH, got "
+                          f"{kind!r}")
     return kind
 
 

@@ -47,6 +47,20 @@ def test_every_kind_scenario_is_its_anonymous_scenario_on_other_memory():
     assert "THP" not in table["noise0-file"].describe()  # page cache here is 4 KiB pages
 
 
+def test_a_private_file_mapping_runs_noise0_on_its_own_file():
+    table = live_bench.scenarios()
+    picked = live_bench.select_scenarios("private")
+    assert [s.name for s in picked] == ["noise0-private"]
+    s = picked[0]
+    assert asdict(s) | {"name": "noise0", "family": "noise", "memory": "anon"} == \
+        asdict(table["noise0"])
+    args = s.workload_args(Path("/mnt/x/buf"))
+    assert args[args.index("--memory") + 1] == "private:/mnt/x/buf"
+    assert "MAP_PRIVATE" in s.describe()
+    with pytest.raises(PagetierError, match="needs a file system"):
+        live_bench.ConfigRun("none", s)
+
+
 def test_a_file_scenario_needs_a_file_system():
     with pytest.raises(PagetierError, match="needs a file system"):
         live_bench.ConfigRun("none", live_bench.scenarios()["noise0-file"])

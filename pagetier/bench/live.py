@@ -17,7 +17,10 @@ the slow node. The scenarios (``scenarios()``):
   the workload's buffer in shared memory (MAP_SHARED|MAP_ANONYMOUS), or a file mapped
   MAP_SHARED on an ext4 the guest mounts for the run (FileSystem: /tmp is a tmpfs, whose pages
   are shmem), dirtied as the hot part is written, read back and checked at the end. The report
-  sets each beside the same scenario on anonymous memory (format_kinds);
+  sets each beside the same scenario on anonymous memory (format_kinds). private: noise0 on a
+  file mapped MAP_PRIVATE (``noise0-private``), every page written once first, so the buffer
+  is the process's own 4 KiB copies of the file's pages (anonymous memory in a file VMA); the
+  file, never written through the mapping, is checked too;
 - families not tuned on: nothp (phases and fuller with 4 KiB pages), sweep (phases with the hot
   part swept in address order, a cache line per page, no THP), preferred (that sweep under
   ``numactl --preferred=SLOW``: the kernel's NUMA balancing takes no hinting faults for such a
@@ -82,10 +85,15 @@ HUGE = 2 << 20
 FAST, SLOW = 0, 1
 RESULT_NAME = "bench-live.json"
 # the kinds of memory a scenario's workload can have (hotcold --memory)
-MEMORY_KINDS = ("anon", "shmem", "file")
+MEMORY_KINDS = ("anon", "shmem", "file", "private")
 MEMORY_DESCRIPTIONS = {"anon": "", "shmem": " of shared memory (MAP_SHARED|MAP_ANONYMOUS)",
-                       "file": " of a file on ext4, MAP_SHARED"}
+                       "file": " of a file on ext4, MAP_SHARED",
+                       "private": " of a file on ext4, MAP_PRIVATE, every page written (copies)"}
+FILE_KINDS = ("file", "private")  # kinds whose buffer is a file on the run's ext4
 KIND_SCENARIOS = ("noise0", "noise100", "fuller", "phases")  # also run on shmem and a file
+# a private file mapping's written pages are anonymous copies, placed as anon memory is: one
+# scenario says so
+PRIVATE_SCENARIOS = ("noise0",)
 PATTERNS = ("random", "sweep")  # hotcold --pattern
 # third-party programs a scenario may run instead of hotcold: the command for a Spec. Neither
 # has a hot part known beforehand: bench live measures their memory's share on the fast node
@@ -167,7 +175,8 @@ class Spec:
                 "--fast-node", str(FAST), "--duration", str(self.seconds), "--phase",
                 str(self.phase), "--tick-ms", str(TICK_MS), "--wait"]
         if self.memory != "anon":
-            args += ["--memory", f"file:{file}" if self.memory == "file" else self.memory]
+            args += ["--memory", f"{self.memory}:{file}" if self.memory in FILE_KINDS
+                     else self.memory]
         if self.noise_ppm:
             args += ["--noise-ppm", str(self.noise_ppm)]
         if self.cold_rate:
@@ -241,7 +250,7 @@ def scenarios() -> dict[str, Spec]:
                          thp=False, program=prog)
     # the same scenarios on shared memory and on a shared file mapping: families shmem, file
     for kind in MEMORY_KINDS[1:]:
-        for base in KIND_SCENARIOS:
+        for base in PRIVATE_SCENARIOS if kind == "private" else KIND_SCENARIOS:
             s = replace(out[base], name=f"{base}-{kind}", family=kind, memory=kind)
             out[s.name] = s
     return out
@@ -553,7 +562,7 @@ class ConfigRun:
                           "phase_s": spec.phase, "hot_mb": spec.hot_mb, "memory": spec.memory,
                           "notes": []}
         self.file = None
-        if spec.memory == "file":
+        if spec.memory in FILE_KINDS:
             if file_dir is None:
                 raise PagetierError(f"{spec.name}: a file-mapped scenario needs a file system")
             self.file = Path(file_dir) / "hotcold.buf"
@@ -956,7 +965,7 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print,
         if any(n.startswith("pagetier:") for n in names):
             kmod.load_module()
             loaded = True
-        file_mb = max((s.size_mb for s in specs if s.memory == "file"), default=0)
+        file_mb = max((s.size_mb for s in specs if s.memory in FILE_KINDS), default=0)
         if file_mb:  # room for the file and ext4's own blocks
             fs = FileSystem(file_mb + 64 + file_mb // 8)
             file_dir = fs.__enter__()

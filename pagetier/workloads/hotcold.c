@@ -16,17 +16,21 @@
  * Usage: hotcold [--size MiB] [--hot MiB] [--hot-offset MiB] [--start-node N] [--fast-node N]
  *                [--duration S] [--phase S] [--phase-on-signal] [--no-thp] [--noise-ppm N]
  *                [--cold-rate HZ] [--tick-ms MS] [--quiet] [--wait] [--no-verify]
- *                [--memory anon|shmem|file:PATH] [--reuse] [--pattern random|sweep]
+ *                [--memory anon|shmem|file:PATH|private:PATH] [--reuse] [--pattern random|sweep]
  *
  * --memory: the kind of memory of the buffer. anon (the default): private anonymous memory.
  * shmem: MAP_SHARED|MAP_ANONYMOUS (shared memory, as a fork would share it). file:PATH: a
  * MAP_SHARED mapping of the file PATH, created (truncated) and filled: page cache, written back
  * by the kernel as the hot part keeps dirtying its pages (each access increments a word); it
  * is synced (msync) before the process exits, so that PATH holds the pattern. A file in a tmpfs
- * (/dev/shm) is shmem. --reuse (with file:PATH): map PATH as it is, of the same --size, without
- * truncating or filling it (another hotcold filled it): two processes share its pages. The
- * check at the end reads the pattern either way. With --start-node, a shmem or file buffer is
- * first touched under the task's policy (set_mempolicy), as page cache is allocated.
+ * (/dev/shm) is shmem. private:PATH: the file PATH, created and filled with the pattern through
+ * write(), mapped MAP_PRIVATE: the first write to each page (the fill sets its counter word)
+ * makes it a private anonymous copy of the file's page, as a program that maps a data file
+ * privately and updates it gets; the file itself keeps the pattern. --reuse (with file:PATH or
+ * private:PATH): map PATH as it is, of the same --size, without truncating or filling it
+ * (another hotcold filled it): two processes share its pages. The check at the end reads the
+ * pattern either way. With --start-node, a shmem or file buffer (and a private one's copies)
+ * is first touched under the task's policy (set_mempolicy), as page cache is allocated.
  *
  * Sparse accesses to cold memory, as real programs make them (allocator metadata, garbage
  * collection, a lookup now and then): --noise-ppm N sends N of every million accesses to a
@@ -101,7 +105,7 @@ static void usage(void)
 			"               [--fast-node N] [--duration S] [--phase S] [--phase-on-signal]\n"
 			"               [--no-thp] [--noise-ppm N] [--cold-rate HZ] [--tick-ms MS]\n"
 			"               [--quiet] [--wait] [--no-verify]\n"
-			"               [--memory anon|shmem|file:PATH] [--reuse]\n"
+			"               [--memory anon|shmem|file:PATH|private:PATH] [--reuse]\n"
 			"               [--pattern random|sweep]\n");
 	exit(2);
 }
@@ -167,7 +171,7 @@ int main(int argc, char **argv)
 	long duration = 30, phase = 0, thp = 1, quiet = 0, wait = 0, noise_ppm = 0, cold_rate = 0;
 	long tick_ms = 1000, phase_on_signal = 0, verify = 1, reuse = 0, sweep = 0;
 	const char *memory = "anon", *path = NULL;
-	int i, fd = -1;
+	int i, fd = -1, priv = 0;
 	for (i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--size")) size_mb = arg_long(a, v, 1, 1 << 20), i++;
@@ -193,12 +197,15 @@ int main(int argc, char **argv)
 	}
 	if (!strncmp(memory, "file:", 5) && memory[5])
 		path = memory + 5;
+	else if (!strncmp(memory, "private:", 8) && memory[8])
+		path = memory + 8, priv = 1;
 	else if (strcmp(memory, "anon") && strcmp(memory, "shmem")) {
-		fprintf(stderr, "hotcold: --memory must be anon, shmem or file:PATH, got '%s'\n", memory);
+		fprintf(stderr, "hotcold: --memory must be anon, shmem, file:PATH or private:PATH, "
+			"got '%s'\n", memory);
 		return 2;
 	}
 	if (reuse && !path) {
-		fprintf(stderr, "hotcold: --reuse needs --memory file:PATH\n");
+		fprintf(stderr, "hotcold: --reuse needs --memory file:PATH or private:PATH\n");
 		return 2;
 	}
 	if (hot_mb + hot_off_mb > size_mb) {
@@ -229,8 +236,9 @@ int main(int argc, char **argv)
 			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (raw == MAP_FAILED) { perror("hotcold: mmap"); return 1; }
 	char *buf = (char *)(((uintptr_t)raw + (2UL << 20) - 1) & ~((2UL << 20) - 1));
-	if (!anon && mmap(buf, len, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED |
-			  (path ? 0 : MAP_ANONYMOUS), fd, 0) == MAP_FAILED) {
+	if (!anon && mmap(buf, len, PROT_READ | PROT_WRITE, MAP_FIXED |
+			  (priv ? MAP_PRIVATE : MAP_SHARED) | (path ? 0 : MAP_ANONYMOUS), fd,
+			  0) == MAP_FAILED) {
 		perror("hotcold: mmap");
 		return 1;
 	}
@@ -246,13 +254,26 @@ int main(int argc, char **argv)
 		perror("hotcold: mbind");
 		return 1;
 	}
+	for (size_t p = 0; priv && !reuse && p < npages; p++) {
+		/* the file gets the pattern; the mapping's pages become copies of it below */
+		uint64_t page[WORDS];
+		page[0] = 0;
+		for (size_t k = 1; k < WORDS; k++)
+			page[k] = pattern(p, k);
+		if (pwrite(fd, page, PAGE, p * PAGE) != (ssize_t)PAGE) {
+			perror("hotcold: pwrite");
+			return 1;
+		}
+	}
 	for (size_t p = 0; p < npages; p++) {
 		uint64_t *w = (uint64_t *)(buf + p * PAGE);
-		if (reuse) {  /* another process filled it: bring the page in */
+		if (reuse && !priv) {  /* another process filled it: bring the page in */
 			(void)*(volatile uint64_t *)w;
 			continue;
 		}
 		w[0] = 0;
+		if (priv)  /* that write made the page a private copy of the file's */
+			continue;
 		for (size_t k = 1; verify && k < WORDS; k++)
 			w[k] = pattern(p, k);
 	}
@@ -280,7 +301,7 @@ int main(int argc, char **argv)
 	printf("{\"event\":\"ready\",\"pid\":%d,\"addr\":%lu,\"size\":%zu,\"hot_addr\":%lu,\"hot_size\":%zu,"
 	       "\"page_size\":%lu,\"memory\":\"%s\"}\n", getpid(), (unsigned long)buf, len,
 	       (unsigned long)(buf + hot_first * PAGE), hot_pages * PAGE, PAGE,
-	       path ? "file" : memory);
+	       priv ? "private" : path ? "file" : memory);
 	fflush(stdout);
 	if (wait) {
 		int sig = 0;
