@@ -75,6 +75,7 @@ def _synthetic_trace(path):
                  "command": "synth", "kernel": "-", "page_size": 4096, "complete": False})
 
 
+@pytest.mark.one_kernel
 def test_costmodel_bad_command_is_one_line(tmp_path):
     trace = tmp_path / "t.parquet"
     _synthetic_trace(trace)
@@ -85,6 +86,7 @@ def test_costmodel_bad_command_is_one_line(tmp_path):
     assert not (tmp_path / "c.json").exists()
 
 
+@pytest.mark.one_kernel
 def test_trained_rl_model_runs_in_the_daemon(tmp_path, request):
     model = tmp_path / "rl.npz"
     r = subprocess.run([*PAGETIER, "train-rl", "synth:hotcold:pages=512,intervals=10",

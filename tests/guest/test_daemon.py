@@ -71,6 +71,7 @@ def test_hot_set_promoted_within_budget(env, numab_on):
     assert "numa_balancing 1 -> 0" in r.stderr
 
 
+@pytest.mark.one_kernel
 def test_phased_workload_followed(env, numab_on):
     r, stats, events = run_daemon(
         env, ["--fast-budget", "96M", "--interval", "1", "--profiler", "kmod"],

@@ -63,6 +63,7 @@ def _has_freq() -> bool:
             prof.close()
 
 
+@pytest.mark.one_kernel
 def test_hot_set_holds_under_noise(env):
     """512 MiB with THP, 64 MiB hot, 100 of every million accesses anywhere, first touched on
     node 1, a 96 MiB budget: the hot set reaches the fast node and is still there at the end
@@ -90,6 +91,7 @@ def test_hot_set_holds_under_noise(env):
           f"ping-pongs {sum(s['ping_pongs'] for s in stats)}")
 
 
+@pytest.mark.one_kernel
 def test_exchange_when_the_node_is_fuller_than_the_budget(env):
     """80 MiB of a program's cold memory sits on node 0, its 40 MiB hot part on node 1, and a
     hog leaves node 0 little free memory; the 128 MiB budget would hold it all. The node, not
@@ -152,6 +154,7 @@ PHASE_S = 20
 HOT_MB = 32
 
 
+@pytest.mark.one_kernel
 def test_phase_change_with_4k_pages_is_followed_by_an_exchange(env):
     """THP off (the workload's MADV_NOHUGEPAGE: 4 KiB pages), two regions of HOT_MB first
     touched on node 1, the hot window in the first for PHASE_S seconds, then in the second, and

@@ -57,6 +57,7 @@ STEPS = 3
     # loaded one): on 6.12 only
     pytest.param("torch", 24),
 ])
+@pytest.mark.one_kernel
 def test_sentinel_trains_the_example(run_dir, framework, budget_mib, kernel_series):
     """The example trains to the end under sentinel, within the budget, and its tensors move
     at layer boundaries."""
