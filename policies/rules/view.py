@@ -21,7 +21,7 @@ What of PageState this module touches (and nothing else in the policy does):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -54,18 +54,28 @@ class Units:
     node: np.ndarray
     npages: np.ndarray
     last_move: np.ndarray
+    # every unit's key, gathered from the state at the first call of keys(): the rules ask for
+    # the keys of the same units several times a decision (the accessed ones, the hot set)
+    _keys: np.ndarray | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.idx)
 
     def keys(self, local: np.ndarray) -> np.ndarray:
         """The keys of units ``local`` (positions in ``idx``)."""
-        return self.view.keys(self.idx[local])
+        if self._keys is None:
+            self._keys = self.view.keys(self.idx)
+        return self._keys[local]
 
     def extend(self, more: np.ndarray) -> np.ndarray:
         """Add state units ``more`` (sorted) to the set; returns where each old position went."""
         idx, remap, added = union_remap(self.idx, more)
         self.idx = idx
+        if self._keys is not None:
+            keys = np.empty(len(idx), self._keys.dtype)
+            keys[remap] = self._keys
+            keys[added] = self.view.keys(idx[added])
+            self._keys = keys
         for name, got in zip(COLUMNS, self.view.columns(idx[added])):
             was = getattr(self, name)
             col = np.empty(len(idx), was.dtype)
