@@ -361,17 +361,19 @@ class PageState:
             return np.zeros(len(idx), bool)
         return (self._a["flags"][idx] & F_CAND) != 0
 
-    def _join_candidates(self, idx: np.ndarray, stored_before: np.ndarray) -> None:
+    def _join_candidates(self, idx: np.ndarray, stored_before: np.ndarray,
+                         flags: np.ndarray) -> None:
         """Units ``idx`` (sorted unique) got heat: into the candidate set, their stored heat
-        before (``stored_before``) off the sum of the rest."""
+        before (``stored_before``) off the sum of the rest. ``flags``: a copy of their flags,
+        which the caller writes back (the candidate flag is set in it)."""
         if self._cand is None or not len(idx):
             return
-        new = ~self.in_candidates(idx)
+        new = (flags & F_CAND) == 0
         out = idx[new]
         if len(out):
             self._out -= float(stored_before[new].sum(dtype=np.float64))
             self._cand = union(self._cand, out)
-            self._a["flags"][out] |= np.uint8(F_CAND)
+            flags[new] |= np.uint8(F_CAND)
 
     def _coldness(self, idx: np.ndarray) -> np.ndarray:
         """The pools' order key of units ``idx``: heat per page (stored scale)."""
@@ -778,18 +780,26 @@ class PageState:
         self._pool_join(idx)
 
     def _add_accesses(self, acc: np.ndarray, count: np.ndarray, rate: np.ndarray) -> None:
-        """Add an interval's counts and rates to existing units ``acc`` (sorted unique)."""
+        """Add an interval's counts and rates to existing units ``acc`` (sorted unique).
+
+        The units' rows are gathered once, updated and put back whole (``np.put``): a pass
+        over their rows each way, where updating field by field costs a pass per field read
+        and one per field written, each missing the cache again on a large state."""
         if not len(acc):
             return
         a = self._a
-        a["count"][acc] += count
-        a["rate"][acc] += rate
-        before = a["heat"][acc]
-        a["heat"][acc] = before + rate / np.float32(self.scale)
-        a["last_access"][acc] = self.interval
+        r = np.take(a, acc)
+        col = r["count"]
+        col += count
+        col = r["rate"]
+        col += rate
+        before = r["heat"].copy()
+        r["heat"] = before + rate / np.float32(self.scale)
+        r["last_access"] = self.interval
+        self._join_candidates(acc, before, r["flags"])
+        np.put(a, acc, r)
         if self._pools:
             self._pool_changed(acc)
-        self._join_candidates(acc, before)
         self._touched = union(self._touched, acc)
 
     def _insert(self, pos: np.ndarray, rows: np.ndarray, keys: np.ndarray, hit: np.ndarray) -> None:
