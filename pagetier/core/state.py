@@ -153,6 +153,16 @@ def union_remap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return np.insert(a, at, b[miss]), np.arange(len(a)) + shift, at + np.arange(len(at))
 
 
+def _rate_count(a: np.ndarray) -> np.ndarray | None:
+    """The ``rate`` and ``count`` fields of each row (adjacent, 8 bytes) as one uint64 column
+    of ``a`` (a view: zeroing it zeroes both), or None when ``a`` is not laid out so."""
+    off = DTYPE.fields["rate"][1]
+    if (a.dtype != DTYPE or not a.flags.c_contiguous or DTYPE.fields["count"][1] != off + 4
+            or not len(a)):
+        return None
+    return np.ndarray((len(a),), np.uint64, buffer=a, offset=off, strides=(DTYPE.itemsize,))
+
+
 def _prefix(order: np.ndarray, n: int, whole: bool) -> tuple[np.ndarray, bool]:
     """The first ``max(n, 1)`` of ``order`` (a pool kept larger than asked: handing all of it
     out would make the caller gather it every interval), or all of it; whether that is all of
@@ -560,8 +570,12 @@ class PageState:
             a["count"] = 0
             a["rate"] = 0
         else:
-            a["count"][t] = 0
-            a["rate"][t] = 0
+            both = _rate_count(a)
+            if both is not None:  # one scatter for the two fields, which share 8 bytes
+                both[t] = 0
+            else:
+                a["count"][t] = 0
+                a["rate"][t] = 0
         self._recent = t
         self._touched = np.zeros(0, np.int64)
 
