@@ -46,7 +46,8 @@ from pagetier.policies.rules.exchange import exchange_bar, heat_before, steady_h
 from pagetier.policies.rules.fill import fill_ok, fill_scale, promoted_last, sustained_fill
 from pagetier.policies.rules.hotset import HotSet, hot_set
 from pagetier.policies.rules.phase import (INTERVAL_SCALE, PHASE_CHANGE_SCALE,  # noqa: F401
-                                           THROTTLED_MIN_SCALE, PhaseWatch, interval_scale)
+                                           THROTTLED_MIN_SCALE, PhaseWatch, core_units,
+                                           interval_scale)
 from pagetier.policies.rules.plan import Frame, make_plan, which_limit
 from pagetier.policies.rules.planner import fill_budget, plan_moves  # noqa: F401
 from pagetier.policies.rules.residency import counted_move_backs, idle_out, movers
@@ -100,6 +101,7 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         known, fast = u.node >= 0, u.node == ctx.fast_node
         used = view.pages_on(ctx.fast_node, u)
         last_hot = self._prev_hot  # sorted keys of the last hot set (_classify replaces it)
+        last_set = self._prev_set  # ...and of all of it, warm units too (phase_core)
         # a phase change seen in this interval's rates: rank by them, not by decayed heat
         self._phase_check = None
         seen_now = u.rate is not None and self._rate_phase_change(
@@ -123,8 +125,11 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         self._expire_throttle(now)
         throttled_max = throttled_moves(max_moves, max(0, cap.high - used), c)
         keys = u.keys(hot.by_index) if view.incremental else np.sort(u.keys(hot.desired))
+        # the pattern of the hot units, not of the warm ones filling the rest of the capacity
+        core = np.sort(u.keys(core_units(hot.order, score, f.bar))) if c.phase_core else keys
         # a new hot set is a phase change only when about as hot and as large as the last one
-        pattern, jaccard, change = self._classify(keys, self._like_last(hot.ref, hot.desired_pages))
+        pattern, jaccard, change = self._classify(
+            keys, self._like_last(hot.ref, hot.desired_pages), core)
         if seen_now and not change:
             change, pattern = True, "phased"
         plan = self._throttled_plan(
@@ -133,7 +138,7 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             throttled_max=throttled_max)
         limit = which_limit(f, plan, throttled_max if reasons else max_moves, cap.low,
                             cap.node_bound)
-        self._note_read(u, known, change, last_hot, keys, hot.ref, hot.desired_pages)
+        self._note_read(u, known, change, last_hot, core, hot.ref, hot.desired_pages, last_set)
         p, d = plan.promote, plan.demote
         self._chosen = np.sort(u.keys(p)) if len(p) else None
         promoted, demoted = int(u.npages[p].sum()), int(u.npages[d].sum())
@@ -203,6 +208,8 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         counted = counted_move_backs(
             within, u.last_move, self._young_moves,
             None if u.rate is None else idle_out(fast, in_set, u.rate), c)
+        if c.follow_change:  # the reads after a phase change finish its exchange
+            counted = counted & ~self._change_units(u, fast)
         # stuck units (the kernel refused their last move) are not planned for
         slow_wanted = hot.desired[~fast[hot.desired]]
         in_set[slow_wanted[view.stuck(u.idx[slow_wanted])]] = False

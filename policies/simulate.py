@@ -157,6 +157,11 @@ class SimResult:
     max_fast_pages: int = 0  # most pages on the fast node at any interval start
     timeline: list = field(default_factory=list)  # per interval: (hit ratio, est. seconds)
     policy_stats: dict = field(default_factory=dict)  # the last Decision's stats
+    # per phase (phase_reach): its first interval, and intervals from it until 95% of each
+    # interval's hot region was on the fast node at the interval's start (None: never)
+    phase_starts: list = field(default_factory=list)
+    phase_t95: list = field(default_factory=list)
+    min_moved_pages: int = 0  # the moves the phases require at least (phase_reach)
 
     @property
     def est_time_s(self) -> float:
@@ -179,10 +184,17 @@ class SimResult:
     def migrated_bytes(self) -> int:
         return self.migrated_pages * PAGE_SIZE
 
+    @property
+    def moved_ratio(self) -> float | None:
+        """Pages migrated over the least the phases require (None: they require none)."""
+        return self.migrated_pages / self.min_moved_pages if self.min_moved_pages else None
+
     def as_dict(self) -> dict:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("timeline",)}
+        d = {k: v for k, v in dataclasses.asdict(self).items()
+             if k not in ("timeline",)}
         d.update(est_time_s=self.est_time_s, slowdown=self.slowdown, hit_ratio=self.hit_ratio,
-                 migrated_pages=self.migrated_pages, migrated_bytes=self.migrated_bytes)
+                 migrated_pages=self.migrated_pages, migrated_bytes=self.migrated_bytes,
+                 moved_ratio=self.moved_ratio)
         return d
 
 
@@ -290,18 +302,29 @@ class _FrameClock:
 
 
 class _Charge:
-    """One frame's recorded counts, by where their pages were at the start of the interval."""
+    """One frame's recorded counts, by where their pages were at the start of the interval,
+    and its units (keys, pages, counts, on the fast node or not) for :func:`phase_reach`."""
 
     def __init__(self):
         self.fast = self.slow = 0
+        self.units: list[tuple] = []
 
-    def count(self, s: Sample, true_count=None) -> None:
+    def count(self, s: Sample, true_count=None, keys=None) -> None:
         """Charge ``s``'s units where they are; ``true_count``: the accesses to charge when
         the policy saw a thinned ``s.count``."""
         c = np.asarray(s.count if true_count is None else true_count).astype(np.int64)
         on_fast = s.node == FAST
         self.fast += int(c[on_fast].sum())
         self.slow += int(c[~on_fast].sum())
+        if keys is not None:
+            self.units.append((keys, np.asarray(s.npages, np.int64), c, on_fast))
+
+    def frame_units(self) -> tuple:
+        """(keys, pages, counts, on fast) of every unit of the frame."""
+        if not self.units:
+            z = np.zeros(0, np.int64)
+            return np.zeros(0, np.uint64), z, z, np.zeros(0, bool)
+        return tuple(np.concatenate(x) for x in zip(*self.units))
 
     @property
     def hit_ratio(self) -> float:
@@ -333,7 +356,8 @@ def _reads(st: PageState, samples: dict, cfg: SimConfig, charge: _Charge, truth=
     units in the same order): the charge is on their counts."""
     for pid in sorted(samples):
         s = _placed(st, samples[pid], cfg.placement, cfg.capacity)
-        charge.count(s, None if truth is None else truth[pid].count)
+        charge.count(s, None if truth is None else truth[pid].count,
+                     unit_keys(st.target_index(int(s.pid)), np.asarray(s.addr, np.uint64)))
         yield Read(pid=int(pid), sample=s, elapsed_s=1.0, interval_s=1.0)
 
 
@@ -365,6 +389,7 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
     res = SimResult(policy=name or getattr(policy, "name", "?"), capacity=int(cfg.capacity))
     st = PageState(decay=cfg.decay)
     clock = _FrameClock(float(frames[0][1]) if frames else 0.0)
+    seen: list[tuple] = []  # each frame's units, for phase_reach
     step = Step(st, policy, RecordingMover(FAST, SLOW, cfg.ping_pong_window), clock, Context,
                 fast=FAST, slow=SLOW, interval_s=interval_s, t0=clock.now)
     for k, (_, t, samples) in enumerate(frames):
@@ -374,6 +399,7 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
         step.merge(_reads(st, samples, cfg, charge, None if truth is None else truth[k][2]))
         res.max_fast_pages = max(res.max_fast_pages, st.pages_on(FAST))
         acc_s = charge.add_to(res, cfg.cost)
+        seen.append(charge.frame_units())
         res.intervals += 1
         if k == len(frames) - 1:  # the program has ended: moves now would serve nothing
             res.timeline.append((charge.hit_ratio, acc_s))
@@ -390,4 +416,76 @@ def simulate(frames, policy, cfg: SimConfig, *, options: dict | None = None,
         res.timeline.append((charge.hit_ratio, acc_s + mig_s))
         res.policy_stats = dict(out.decision.stats)
     res.footprint_pages = int(st.npages.sum(dtype=np.int64)) if len(st) else 0
+    res.phase_starts, res.phase_t95, res.min_moved_pages = phase_reach(seen, int(cfg.capacity))
     return res
+
+
+HOT_SHARE = 0.25  # a frame's hot region: units at this times the access rate per page...
+HOT_MASS = 0.5  # ...of the unit where the frame's accesses, hottest first, pass this share
+PHASE_OVERLAP = 0.3  # a frame's hot region sharing less with the last one's: a new phase
+REACH = 0.95  # the share of the hot region on the fast node that counts as reached
+
+
+def frame_hot(npages, counts) -> np.ndarray:
+    """A frame's hot region (positions of its units): those at ``HOT_SHARE`` times the
+    accesses per page of the unit where the frame's accesses, hottest per page first, pass
+    ``HOT_MASS`` of them."""
+    per = counts / np.maximum(npages, 1)
+    order = np.argsort(-per, kind="stable")
+    order = order[counts[order] > 0]
+    if not len(order):
+        return order
+    cum = np.cumsum(counts[order])
+    mid = per[order[min(int(np.searchsorted(cum, HOT_MASS * cum[-1])), len(order) - 1)]]
+    return order[per[order] >= HOT_SHARE * mid]
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> float:
+    """|a & b| / the smaller of the two (sorted unique keys): a read that saw part of a
+    region still overlaps it."""
+    if not len(a) or not len(b):
+        return 0.0
+    return float(np.count_nonzero(np.isin(a, b, assume_unique=True))) / min(len(a), len(b))
+
+
+def phase_reach(frames_units, capacity: int) -> tuple[list, list, int]:
+    """Per phase of a replay: (the first frames of the phases, intervals from each until
+    ``REACH`` of each frame's hot region (:func:`frame_hot`; of the capacity when the region
+    is larger) was on the fast node at the frame's start, None when it never was before the
+    next phase; the least pages the phases require moved). ``frames_units``: each frame's
+    (keys, pages, counts, on fast).
+
+    A phase begins at the first frame and at each frame whose hot region shares under
+    ``PHASE_OVERLAP`` of its units (or of the last frame's, when fewer) with the last frame's.
+    Its region is the units hot in at least half of its frames; the least moves: each
+    phase's region (at most the capacity) promoted where the last phase's did not hold it, and
+    as much of the last one demoted as the capacity then requires."""
+    hot, share = [], []
+    for keys, npages, counts, on_fast in frames_units:
+        h = frame_hot(npages, counts)
+        pages = min(int(npages[h].sum()), capacity)
+        share.append(min(1.0, float(npages[h][on_fast[h]].sum()) / pages) if pages > 0 else 1.0)
+        hot.append((np.sort(keys[h]), dict(zip(keys[h].tolist(), npages[h].tolist()))))
+    starts = [k for k in range(len(hot))
+              if k == 0 or _overlap(hot[k][0], hot[k - 1][0]) < PHASE_OVERLAP]
+    t95, least, last = [], 0, {}
+    for i, k in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(hot)
+        t95.append(next((d for d in range(end - k) if share[k + d] >= REACH), None))
+        seen: dict = {}
+        for f in range(k, end):
+            for key in hot[f][1]:
+                seen[key] = seen.get(key, 0) + 1
+        region = {key: next(hot[f][1][key] for f in range(k, end) if key in hot[f][1])
+                  for key, n in seen.items() if 2 * n >= end - k}
+        size = sum(region.values())
+        up = sum(n for key, n in region.items() if key not in last)
+        # a region larger than the capacity: the capacity's worth of it, in proportion
+        up = int(up * min(1.0, capacity / size)) if size else 0
+        stay = min(sum(n for key, n in last.items() if key not in region),
+                   max(0, capacity - min(size, capacity)))
+        held = min(sum(last.values()), capacity)
+        least += up + max(0, held + up - capacity) if last else up
+        del stay
+        last = region
+    return starts, t95, least

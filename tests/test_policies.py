@@ -1019,8 +1019,9 @@ def test_heuristic_phase_changes_acted_on_after_the_last_hot_set_held():
     history look irregular. A change by this read's rates is still taken when the hot set
     held since the last change (held_reads reads mostly on it): most changes are acted on
     within a read of the switch, and none comes between switches. Without that (held_reads
-    1000), under half are. The two-group ping-pong of
-    test_heuristic_throttle_engages_on_ping_pong is still not followed."""
+    1000, and the history of every hot unit, not of the core: phase_core off), under half
+    are. The two-group ping-pong of test_heuristic_throttle_engages_on_ping_pong is still not
+    followed."""
     n, period, intervals = 48, 4, 60
 
     def rates(i):
@@ -1032,7 +1033,7 @@ def test_heuristic_phase_changes_acted_on_after_the_last_hot_set_held():
 
     acted, between = {}, {}
     for held in (2, 1000):
-        pol = create("heuristic", {"held_reads": held})
+        pol = create("heuristic", {"held_reads": held, "phase_core": held == 2})
         _, log = run_intervals(pol, rates, npages=1, budget=20, intervals=intervals,
                                capacity=lambda s: 20)
         by_rate = {k for k, (_, _, s) in enumerate(log) if s["ranked_by"] == "rate"}

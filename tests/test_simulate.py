@@ -177,3 +177,60 @@ def test_bench_sim_json_is_only_json():
         assert x["policy"] == "heuristic" and x["ratio"] > 1
         assert x["baseline"] in ("lru", "heat-classes", "static")
     assert "HiGHS" not in r.stdout
+
+
+def alternating(windows="ABCBCB", pages=600, hot=200, phase=5, seed=0):
+    """bench live's phases in small: three windows of ``hot`` pages, A then B and C in turn,
+    ``phase`` intervals each, 5% of the accesses anywhere."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(phase * len(windows)):
+        w = "ABC".index(windows[i // phase])
+        p = np.full(pages, 0.05 / pages)
+        p[w * hot:(w + 1) * hot] += 0.95 / hot
+        rows.append(rng.multinomial(40_000, p / p.sum()) + (i == 0))
+    return frames_of(rows)
+
+
+def test_phase_reach_per_phase():
+    """Each phase of a replay, and the intervals until 95% of its hot region was on the fast
+    node: a policy that promotes every unit it sees has all of them there after the first
+    interval (every page is touched in it), each later window too; the least moves are each
+    window's promotion and, once the capacity is full, the demotions that make room for it."""
+    fr = alternating("ABC")
+    res = simulate(fr, PromoteAll(), SimConfig(capacity=600, cost=COST, rate_mb_s=0))
+    assert res.phase_starts == [0, 5, 10] and res.phase_t95 == [1, 0, 0], res.phase_t95
+    assert res.min_moved_pages == 600
+    res = simulate(fr, PromoteAll(), SimConfig(capacity=300, cost=COST, rate_mb_s=0))
+    assert res.min_moved_pages == 200 + (200 + 100) + (200 + 100)
+    assert res.as_dict()["moved_ratio"] == res.migrated_pages / res.min_moved_pages
+
+
+def test_heuristic_reaches_each_phase_in_the_interval_after_it_is_seen():
+    """Three windows in turn, a capacity for one and a half: each change is acted on in the
+    interval that shows it, and the window is on the fast node at the next interval's start.
+    With a rate limit that moves a window's exchange over 3-4 intervals, the reads after the
+    change carry on with it (its moves are no move-backs, though the window coming back was
+    demoted a few intervals before), and the phase gets there as soon as the rate allows."""
+    fr = alternating()
+    cfg = SimConfig(capacity=300, cost=COST, rate_mb_s=512)
+    res = simulate(fr, "heuristic", cfg)
+    assert res.phase_t95 == [1] * 6, res.phase_t95
+    assert res.migrated_pages <= 1.2 * res.min_moved_pages
+    slow = SimConfig(capacity=300, cost=COST, rate_mb_s=0.5)  # 128 pages an interval
+    res = simulate(fr, "heuristic", slow)
+    assert all(d is not None and d <= 4 for d in res.phase_t95), res.phase_t95
+    off = simulate(fr, "heuristic", slow, options={"follow_change": False})
+    assert None in off.phase_t95, off.phase_t95
+
+
+def test_heuristic_acts_on_a_change_of_a_hot_region_larger_than_the_fast_node():
+    """The hot region is twice what the fast node holds: the hot set, a different half of it
+    from read to read, looks irregular, but its hot units (phase_core) hold; when the region
+    moves, the change is acted on in the interval that shows it."""
+    fr = synth.generate("phased", seed=2)
+    cfg = SimConfig(capacity=capacity_pages("10%", fr), cost=COST)
+    res = simulate(fr, "heuristic", cfg)
+    assert len(res.phase_t95) == 4 and all(d <= 2 for d in res.phase_t95), res.phase_t95
+    off = simulate(fr, "heuristic", cfg, options={"phase_core": False})
+    assert max(off.phase_t95) > 2, off.phase_t95

@@ -229,7 +229,8 @@ def _row(res) -> dict:
     d = res.as_dict()
     keep = ("policy", "est_time_s", "slowdown", "hit_ratio", "migrated_pages", "migrated_bytes",
             "promoted_pages", "demoted_pages", "ping_pongs", "clipped", "access_s", "migrate_s",
-            "all_fast_s", "intervals")
+            "all_fast_s", "intervals", "phase_starts", "phase_t95", "min_moved_pages",
+            "moved_ratio")
     return {k: d[k] for k in keep}
 
 

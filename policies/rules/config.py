@@ -54,6 +54,8 @@ class Config:
     regular_jaccard: float = 0.6  # mean overlap at or above it: a regular pattern
     phase_jaccard: float = 0.3  # overlap below it after a regular run: a phase change...
     phase_mass: float = 0.5  # ...with under this share of the read's accesses on the last set
+    phase_core: bool = True  # the pattern from the hot units at the exchange bar only (phase)
+    follow_change: bool = True  # moves finishing a phase change's exchange: no move-backs
     held_reads: int = 2  # after an irregular run: reads since the last change on its set (phase)
     look_between_reads: bool = True  # a phase change read at the period end that shows it (phase)
     young_corrections: bool = True  # moving back what a young read moved: no move-back (residency)

@@ -18,6 +18,21 @@ After an earlier change the run need not be regular: a change by rates is taken 
 brought (or the last hot set), unless the read goes back to a set one of the last two changes
 left or brought within ``thrash_window + 2`` reads (a ping-pong).
 
+With ``phase_core`` the rate tests and their history follow the hot set's core: its units at
+the exchange bar, however many the capacity holds (:func:`core_units`). Warm units filling the
+rest of the capacity, and which half of a hot region twice the capacity's size a read ranks
+first, change from read to read among units of about the same heat: counted, a steady phase
+looked irregular and its end was acted on a read late, by decayed heat. When the core held but
+the whole hot set did not, a change by rates is ruled out only after another change that has
+not held (``held_reads``) or going back to a set of the last two (a ping-pong).
+
+A change's exchange may take several reads when the rate limit or the measured throughput
+binds. With ``follow_change``, for ``thrash_window`` reads after it, promoting a unit the change
+brought or demoting one it left carries that exchange on and is no move-back for the throttle
+(policies/rules/throttle.py): counted, the units of a phase that comes back, demoted a few
+intervals before when it left, started the throttle at the read after the change and the rest
+of the region waited. Moves the other way still count.
+
 A read whose accesses are mostly off the last hot set but whose new set is too weak so far
 ("weak") asks for the next read at the profiler's next period end (``Decision.read_soon``);
 between reads (``read_now``, with ``look_between_reads``) the policy asks for the read at once
@@ -53,6 +68,14 @@ def interval_scale(pattern: str, change: bool, throttled: bool) -> float:
     return scale
 
 
+def core_units(order: np.ndarray, score: np.ndarray, bar: np.ndarray) -> np.ndarray:
+    """The hot units whose pattern the phase detector follows (``phase_core``): those of
+    ``order`` at the exchange bar, however many the capacity holds. Warm units filling the
+    rest of the capacity, and a hot region larger than the capacity, change from read to read
+    among units of about the same heat: counted, they make a steady phase look irregular."""
+    return order[score[order] >= bar[order]]
+
+
 class PhaseWatch:
     """The phase detector's memory, kept on the policy: the last hot set (sorted keys of
     ``(target << 48) | (addr >> 12)``, so it survives units appearing and disappearing), its
@@ -60,12 +83,14 @@ class PhaseWatch:
 
     def _init_phase(self) -> None:
         c = self.config
-        self._prev_hot: np.ndarray | None = None  # sorted keys of the last hot set
+        self._prev_hot: np.ndarray | None = None  # sorted keys of the last hot set's core
+        self._prev_set: np.ndarray | None = None  # sorted keys of the last hot set
         self._phase_check = None  # which test ruled out a phase change by rates, in stats
         self._prev_hot_pages = 0
         self._prev_ref = 0.0  # the last reference heat
         self._prev_accessed = 0  # pages of the units with a rate in the last read
         self._overlap: deque[float] = deque(maxlen=c.history)
+        self._core_overlap: deque[float] = deque(maxlen=c.history)  # of the cores (phase_core)
         self._since_change = None  # calls since the last phase change, None if none seen
         # the last two phase changes: the hot sets each left and brought (sorted keys), and
         # the read it came at
@@ -105,7 +130,7 @@ class PhaseWatch:
         # most of this read's accesses on the last hot set: the same phase, read in part. With
         # noise on every huge unit a read that probed few of the hot units ranks noise units
         # on top, and acting on it as a phase change would trade noise units for noise units
-        if self._mostly_on(akeys, rate[acc], prev):
+        if self._mostly_on(akeys, rate[acc], prev, self._prev_set):
             return no("mass")
         order, now_ref, _ = hot_order(rate / (1.0 - decay), acc, fast, c)
         now_set = fill_budget(order, npages, cap)
@@ -121,13 +146,23 @@ class PhaseWatch:
         and rates): an irregular run, and no phase change before it, or the hot set since the
         last one has not held, or the read goes back to a set of the last two."""
         c = self.config
-        return float(np.mean(self._overlap)) < c.regular_jaccard and (
-            not self._changed or self._held < c.held_reads or self._back(akeys, arate))
+        unsettled = self._held < c.held_reads or self._back(akeys, arate)
+        if float(np.mean(self._core_overlap)) < c.regular_jaccard:
+            return not self._changed or unsettled
+        # the hot units held (phase_core) while the hot set around them changed from read to
+        # read (warm units filling the capacity, or a hot region larger than it): a change is
+        # ruled out only after another one that has not held, or going back to it
+        return float(np.mean(self._overlap)) < c.regular_jaccard and bool(self._changed) \
+            and unsettled
 
-    def _mostly_on(self, akeys: np.ndarray, arate: np.ndarray, keys: np.ndarray) -> bool:
+    def _mostly_on(self, akeys: np.ndarray, arate: np.ndarray, keys: np.ndarray,
+                   also: np.ndarray | None = None) -> bool:
         """Whether ``phase_mass`` of the rates ``arate`` (of units ``akeys``) is on the units
-        ``keys`` (sorted)."""
-        on = float(arate[member_sorted(akeys, keys)].sum())
+        ``keys`` (sorted), or on ``also`` (sorted; None: none)."""
+        on_keys = member_sorted(akeys, keys)
+        if also is not None and also is not keys:
+            on_keys |= member_sorted(akeys, also)
+        on = float(arate[on_keys].sum())
         return on >= self.config.phase_mass * float(arate.sum())
 
     def read_now(self, state, samples: dict) -> bool:
@@ -157,13 +192,27 @@ class PhaseWatch:
         if not len(akeys) or int(apages.sum()) < 0.5 * self._prev_accessed:
             return False
         arate = np.concatenate(rates)
-        if self._irregular(akeys, arate) or self._mostly_on(akeys, arate, prev):
+        if self._irregular(akeys, arate) or self._mostly_on(akeys, arate, prev, self._prev_set):
             return False
         # a new hot set about as hot and as large as the last one, not noise or a few units
         order, ref, _ = hot_order(arate / (1.0 - view.decay), np.arange(len(arate)),
                                   np.zeros(len(arate), bool), self.config)
         pages = min(int(apages[order].sum()), self._prev_hot_pages)
         return self._like_last(ref, pages)
+
+    def _change_units(self, u, fast: np.ndarray) -> np.ndarray:
+        """Which of the decision's units ``u`` (``fast``: on the fast node) would finish the
+        last phase change's exchange, within ``thrash_window`` reads of it (``follow_change``):
+        units it brought still off the fast node, and units it left still on it. Moving them is
+        no move-back: the rate limit may spread that exchange over several reads, and counted,
+        the units of a phase that comes back (demoted within ``thrash_window`` when it left)
+        start the throttle in the read after the change while the rest of its region waits.
+        Moves the other way (a ping-pong) still count."""
+        if not self._changed or self._reads - self._changed[-1][2] >= self.config.thrash_window:
+            return np.zeros(len(u), bool)
+        left, brought, _ = self._changed[-1]
+        keys = u.keys(np.arange(len(u)))
+        return np.where(fast, member_sorted(keys, left), member_sorted(keys, brought))
 
     def _back(self, akeys: np.ndarray, arate: np.ndarray) -> bool:
         """Whether a read (accessed units' keys and rates) goes back to a hot set one of the
@@ -201,12 +250,16 @@ class PhaseWatch:
         n_new = int(np.count_nonzero(~kept))
         return need / smax < pj * (len(prev) + n_new)
 
-    def _classify(self, keys: np.ndarray, credible: bool = True) -> tuple[str, float | None, bool]:
-        """Update the overlap history with this hot set; return (pattern, jaccard, change).
+    def _classify(self, keys: np.ndarray, credible: bool = True,
+                  core: np.ndarray | None = None) -> tuple[str, float | None, bool]:
+        """Update the overlap histories with this hot set (sorted keys ``keys``; ``core``: its
+        hot units, :func:`core_units`, None: all of it); return (pattern, jaccard, change).
         ``credible``: whether a low overlap may be taken as a phase change (the new hot set
         about as hot and as large as the last one)."""
         c = self.config
-        prev, self._prev_hot = self._prev_hot, keys
+        core = keys if core is None else core
+        prev, self._prev_set = self._prev_set, keys
+        prev_core, self._prev_hot = self._prev_hot, core
         if prev is None:
             return "warmup", None, False
         j = jaccard_sorted(keys, prev)
@@ -214,6 +267,7 @@ class PhaseWatch:
         change = (credible and bool(hist) and float(np.mean(hist)) >= c.regular_jaccard
                   and j < c.phase_jaccard)
         hist.append(j)
+        self._core_overlap.append(j if core is keys else jaccard_sorted(core, prev_core))
         if change:
             self._since_change = 0
         elif self._since_change is not None:
@@ -228,7 +282,8 @@ class PhaseWatch:
             return "stable", j, False
         return "irregular", j, False
 
-    def _note_read(self, u, known, change: bool, last_hot, keys, ref: float, pages: int) -> None:
+    def _note_read(self, u, known, change: bool, last_hot, keys, ref: float, pages: int,
+                   last_set=None) -> None:
         """Remember this read for the next: the hot set's size and reference heat, the pages
         accessed, the change it brought, and whether it held the last change's set."""
         c = self.config
@@ -249,7 +304,7 @@ class PhaseWatch:
             # read or two); a read that cannot tell (missed most units, or saw a new set in
             # part) does not count
             akeys, r = u.keys(acc), u.rate[acc]
-            on_set = (member_sorted(akeys, last_hot)
+            on_set = (member_sorted(akeys, last_hot if last_set is None else last_set)
                       | member_sorted(akeys, self._changed[-1][1]))
             on = float(r[on_set].sum())
             self._held = self._held + 1 if on >= c.phase_mass * float(r.sum()) else 0
