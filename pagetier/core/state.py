@@ -642,10 +642,11 @@ class PageState:
         idx = pos[found]
         f_count, f_rate = count[found], rate[found]
         if len(idx):
+            rows = np.take(self._a, idx)  # gathered once for both steps
             self._take_changed(idx, node[found], npages[found],
-                               None if region is None else region[found], trust_moves)
+                               None if region is None else region[found], trust_moves, rows)
             hit = (f_count > 0) | (f_rate > 0)
-            self._add_accesses(idx[hit], f_count[hit], f_rate[hit])
+            self._add_accesses(idx[hit], f_count[hit], f_rate[hit], rows[hit])
         # new units
         new = ~found
         if new.any():
@@ -709,10 +710,14 @@ class PageState:
         self._insert(pos, n, keys, hit)
 
     def _take_changed(self, idx: np.ndarray, node: np.ndarray, npages: np.ndarray,
-                      region: np.ndarray | None, trust_moves: int) -> None:
+                      region: np.ndarray | None, trust_moves: int,
+                      rows: np.ndarray | None = None) -> None:
         """Existing units ``idx`` (sorted unique) as a sample shows them: those whose node,
-        size or (when the sample says, ``region`` not None) region flag differ take them."""
-        if len(idx) and int(idx[-1]) - int(idx[0]) == len(idx) - 1:  # a run of rows (a part)
+        size or (when the sample says, ``region`` not None) region flag differ take them.
+        ``rows``: a copy of the units' rows (gathered by the caller), kept up to date here."""
+        if rows is not None:
+            r = rows
+        elif len(idx) and int(idx[-1]) - int(idx[0]) == len(idx) - 1:  # a run of rows (a part)
             r = self._a[int(idx[0]):int(idx[-1]) + 1]
         else:
             r = np.take(self._a, idx)  # one gather of the rows, not one per field
@@ -723,6 +728,8 @@ class PageState:
         if len(diff):
             self._take_nodes(idx[diff], node[diff], npages[diff], trust_moves,
                              None if region is None else region[diff])
+            if rows is not None:
+                rows[diff] = np.take(self._a, idx[diff])
 
     def _lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index of each key's unit, or where it would be inserted; whether it is there) for
@@ -793,16 +800,18 @@ class PageState:
         self._account(idx, 1)
         self._pool_join(idx)
 
-    def _add_accesses(self, acc: np.ndarray, count: np.ndarray, rate: np.ndarray) -> None:
+    def _add_accesses(self, acc: np.ndarray, count: np.ndarray, rate: np.ndarray,
+                      rows: np.ndarray | None = None) -> None:
         """Add an interval's counts and rates to existing units ``acc`` (sorted unique).
 
-        The units' rows are gathered once, updated and put back whole (``np.put``): a pass
-        over their rows each way, where updating field by field costs a pass per field read
-        and one per field written, each missing the cache again on a large state."""
+        The units' rows are gathered once (or given: ``rows``, a current copy, which is
+        consumed), updated and put back whole (``np.put``): a pass over their rows each way,
+        where updating field by field costs a pass per field read and one per field written,
+        each missing the cache again on a large state."""
         if not len(acc):
             return
         a = self._a
-        r = np.take(a, acc)
+        r = np.take(a, acc) if rows is None else rows
         col = r["count"]
         col += count
         col = r["rate"]
