@@ -93,7 +93,10 @@ def module_paths(release: str, before_rev: str, after_rev: str = "tree") -> dict
     out of tree) and after (the working tree's build, or git revision ``after_rev``'s)."""
     after = (REPO / "build" / "kmod" if after_rev == "tree" else
              REPO / "build" / f"kmod-rev-{after_rev}")
-    return {"before": REPO / "build" / "kmod-before" / release / "pagetier.ko",
+    # a build is kept per revision: another --before must not find the last one's module
+    before = (REPO / "build" / "kmod-before" if before_rev == BEFORE_REV else
+              REPO / "build" / f"kmod-rev-{before_rev}")
+    return {"before": before / release / "pagetier.ko",
             "after": after / release / "pagetier.ko"}
 
 
