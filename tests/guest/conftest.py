@@ -35,6 +35,18 @@ def kernel_series() -> str:
 
 
 @pytest.fixture(autouse=True)
+def _no_cached_files():
+    """The VM mounts the repository and Python's library with a page cache (scripts/testvm.py):
+    its pages would stay on node 0 from one test to the next and lower the free memory the
+    daemon and the tests go by. Each test starts without them (the cached names stay)."""
+    path = "/proc/sys/vm/drop_caches"
+    if in_guest() and os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("1")
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _numa_balancing_off():
     """Placement tests measure pagetier, not the kernel: NUMA balancing off unless a test says."""
     path = "/proc/sys/kernel/numa_balancing"
