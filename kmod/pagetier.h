@@ -57,6 +57,7 @@ struct pagetier_mode_ops {
 		    pmd_t *pmdp, bool sample);
 	bool flush;
 	bool protects; /* @pte and @pmd change protections: invalidate secondary MMUs around them */
+	bool upper_window; /* clear the upper bits a short window before the scan tests them */
 	void (*detach)(struct pagetier_target *t);
 	unsigned long (*unmark)(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
 	unsigned int (*probe_pte)(struct pagetier_target *t, struct vm_area_struct *vma,
@@ -113,8 +114,9 @@ static inline u32 pagetier_entry_kind_flags(unsigned long v)
  * first page (0: unknown), 20 pages on more than one node, 21 one huge mapping, 22 carried over
  * by the pass that stamped it (idle: its upper-level Accessed bit was clear), 23 read its page
  * table in the next pass whatever its bits say, 24-31 the scan generation of the pass that
- * last saw it, 32-59 the number (t->scans, modulo 2^28) of the pass that last read its page
- * table, 60-62 whether any of its pages is shmem, file-backed, mapped more than once.
+ * last saw it, 32-58 the number (t->scans, modulo 2^27) of the pass that last read its page
+ * table, 59 that read found PT_USED_PAGES or more pages accessed (abit's window reads it again),
+ * 60-62 whether any of its pages is shmem, file-backed, mapped more than once.
  */
 #define PR_PRESENT_MASK 0x3ffUL
 #define PR_NODE_SHIFT 10
@@ -126,12 +128,18 @@ static inline u32 pagetier_entry_kind_flags(unsigned long v)
 #define PR_GEN_SHIFT 24
 #define PR_GEN_MASK (0xffUL << PR_GEN_SHIFT)
 #define PR_WALKED_SHIFT 32
-#define PR_WALKED_BITS 28
+#define PR_WALKED_BITS 27
 #define PR_WALKED_MASK (((1UL << PR_WALKED_BITS) - 1) << PR_WALKED_SHIFT)
 #define PR_SHMEM (1UL << 60)
 #define PR_FILE (1UL << 61)
 #define PR_SHARED (1UL << 62)
 #define PR_KINDS (PR_SHMEM | PR_FILE | PR_SHARED)
+#define PR_USED (1UL << 59)
+/*
+ * Pages accessed since its table's last read that make a region "in use" (PR_USED): a hot
+ * region has most of its 512, a region the odd access touched has a few.
+ */
+#define PT_USED_PAGES 16
 #define PT_REGION_PAGES (PMD_SIZE >> PAGE_SHIFT)
 
 /**
@@ -231,6 +239,7 @@ struct pagetier_target {
 extern unsigned int pagetier_scan_budget; /* sysfs scan_budget: page-table entries per period */
 extern unsigned int pagetier_upper_bits;  /* sysfs upper_bits: skip tables whose bit is clear */
 extern unsigned int pagetier_pud_refresh; /* sysfs pud_refresh: passes between PUD re-reads */
+extern unsigned int pagetier_upper_window_ms; /* sysfs upper_window_ms: the upper bits' window */
 
 /* target.c: the targets, their lifetime and scan work; helpers for the modes */
 extern struct list_head pagetier_targets;
@@ -286,6 +295,9 @@ static ssize_t name##_store(struct kobject *kobj, struct kobj_attribute *attr,		
  *		below it that the walk covers: true skips the entry's table. No lock held.
  * @memo_pud, @memo_pmd, @memo_pud_young, @memo_pmd_young: the last upper-level entry tested
  *		(index + 1) and its bit, so that VMAs sharing a table see one test: in and out.
+ * @upper_only: only clear the Accessed bit of each upper-level entry (PUD, and PMD pointing to a
+ *		page table, the PMD under its lock), call nothing and descend no further: the start
+ *		of a short window (scan.c). @idle, @pte, @pmd and the memos are not used.
  * @restore:	walk every walkable VMA (pagetier_vma_walkable()), not only those the target
  *		tracks: a restore undoes marks wherever they may be.
  */
@@ -305,6 +317,7 @@ struct pagetier_walk {
 	bool (*idle)(struct pagetier_walk *w, unsigned long first, unsigned long last);
 	unsigned long memo_pud, memo_pmd;
 	bool memo_pud_young, memo_pmd_young;
+	bool upper_only;
 	bool restore;
 };
 bool pagetier_vma_walkable(struct vm_area_struct *vma);
@@ -322,7 +335,7 @@ int pagetier_scan(struct pagetier_target *t);
 void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsigned int present,
 			  unsigned int node, bool mixed, bool huge, unsigned long kinds);
 bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsigned long last,
-			  u64 *units, u64 *shmem, u64 *file);
+			  bool read_used, u64 *units, u64 *shmem, u64 *file);
 void pagetier_region_rewalk(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
 void pagetier_region_drop_stale(struct pagetier_target *t);
 unsigned int pagetier_regions_chunk(struct pagetier_target *t, u32 flags, unsigned long *index,
@@ -346,6 +359,7 @@ bool pagetier_probe_enabled(const struct pagetier_target *t);
 void pagetier_probe_note(struct pagetier_probe_list *l, unsigned long index, bool huge);
 void pagetier_probe(struct pagetier_target *t, struct pagetier_probe_list *l);
 u32 pagetier_entry_freq(const struct pagetier_target *t, unsigned long v);
+bool pagetier_sleep_us(struct pagetier_target *t, unsigned long us);
 extern unsigned int pagetier_probe_marks;
 extern struct kobj_attribute pagetier_probe_windows_attr;
 extern struct kobj_attribute pagetier_probe_base_us_attr;

@@ -29,6 +29,12 @@ unsigned int pagetier_scan_budget = 1U << 23;
 unsigned int pagetier_upper_bits = 1;
 /* every this many passes, each PUD's table is read whatever its bit (0: never) */
 unsigned int pagetier_pud_refresh = 16;
+/*
+ * abit mode: a pass clears the upper-level Accessed bits this long before it tests them, and
+ * reads the page tables below those used meanwhile (0: the bits set since the last pass)
+ */
+unsigned int pagetier_upper_window_ms = 20;
+#define UPPER_WINDOW_MS_MAX 1000
 #define PUD_REFRESH_MAX 4096
 #define MAX_TARGETS_LIMIT 4096
 #define SCAN_BUDGET_MIN 4096
@@ -505,6 +511,7 @@ static ssize_t scan_budget_store(struct kobject *kobj, struct kobj_attribute *at
 /* 1: passes skip page tables whose upper-level Accessed bit stayed clear; 0: read them all */
 PT_DEFINE_UINT_KNOB(upper_bits, pagetier_upper_bits, 0, 1)
 PT_DEFINE_UINT_KNOB(pud_refresh, pagetier_pud_refresh, 0, PUD_REFRESH_MAX)
+PT_DEFINE_UINT_KNOB(upper_window_ms, pagetier_upper_window_ms, 0, UPPER_WINDOW_MS_MAX)
 
 static struct kobj_attribute version_attr = __ATTR_RO(version);
 static struct kobj_attribute targets_attr = __ATTR_RO(targets);
@@ -513,6 +520,7 @@ static struct kobj_attribute max_targets_attr = __ATTR_RW(max_targets);
 static struct kobj_attribute scan_budget_attr = __ATTR_RW(scan_budget);
 static struct kobj_attribute upper_bits_attr = __ATTR_RW(upper_bits);
 static struct kobj_attribute pud_refresh_attr = __ATTR_RW(pud_refresh);
+static struct kobj_attribute upper_window_ms_attr = __ATTR_RW(upper_window_ms);
 
 static struct attribute *pagetier_attrs[] = {
 	&version_attr.attr,
@@ -522,6 +530,7 @@ static struct attribute *pagetier_attrs[] = {
 	&scan_budget_attr.attr,
 	&upper_bits_attr.attr,
 	&pud_refresh_attr.attr,
+	&upper_window_ms_attr.attr,
 	&pagetier_probe_windows_attr.attr,
 	&pagetier_probe_base_us_attr.attr,
 	&pagetier_probe_fault_marks_attr.attr,

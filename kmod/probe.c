@@ -196,9 +196,14 @@ static void probe_pass(struct pagetier_target *t, struct pagetier_probe_list *l,
 	}
 }
 
-/* Sleep @us (in slices, so that a detach waits little) unless the target is being detached.
- * Return: false to stop probing. */
-static bool probe_sleep(struct pagetier_target *t, unsigned long us)
+/**
+ * pagetier_sleep_us() - sleep @us in slices, so that a detach waits little.
+ * @t: the target; called from its scan work, no lock held.
+ * @us: how long.
+ *
+ * Return: false if the target is being detached (stop what the sleep was for).
+ */
+bool pagetier_sleep_us(struct pagetier_target *t, unsigned long us)
 {
 	while (!READ_ONCE(t->stopping)) {
 		unsigned long slice = min(us, 20UL * USEC_PER_MSEC);
@@ -281,7 +286,7 @@ void pagetier_probe(struct pagetier_target *t, struct pagetier_probe_list *l)
 		mmap_read_unlock(mm);
 		mmput(mm);
 		busy += ktime_get_ns() - t0;
-		if (i < k && !probe_sleep(t, base << (2 * i)))
+		if (i < k && !pagetier_sleep_us(t, base << (2 * i)))
 			break;
 	}
 	if (i <= k)

@@ -23,7 +23,8 @@ static unsigned long region_val(unsigned int present, unsigned int node, bool mi
 	       ((unsigned long)(node + 1) << PR_NODE_SHIFT & PR_NODE_MASK) |
 	       (mixed ? PR_MIXED : 0) | (huge ? PR_HUGE : 0) |
 	       ((unsigned long)gen << PR_GEN_SHIFT) |
-	       ((unsigned long)(pass & PR_WALKED_LOW) << PR_WALKED_SHIFT) | (kinds & PR_KINDS);
+	       ((unsigned long)(pass & PR_WALKED_LOW) << PR_WALKED_SHIFT) |
+	       (kinds & (PR_KINDS | PR_USED));
 }
 
 static u8 region_gen(unsigned long v)
@@ -39,7 +40,8 @@ static u8 region_gen(unsigned long v)
  * @node: the node of the first of them.
  * @mixed: whether some are on another node.
  * @huge: one huge mapping.
- * @kinds: PR_SHMEM, PR_FILE, PR_SHARED: whether any of the pages is of that kind.
+ * @kinds: PR_SHMEM, PR_FILE, PR_SHARED: whether any of the pages is of that kind; PR_USED:
+ *	   whether PT_USED_PAGES or more were accessed.
  *
  * VMAs that share a page table read it in parts, in one pass: the parts add up.
  * Context: may sleep (allocates); no lock held.
@@ -63,7 +65,8 @@ void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsig
 
 				v = region_val((old & PR_PRESENT_MASK) + present, first,
 					       (old & PR_MIXED) || mixed || first != node,
-					       huge, t->gen, t->scans, (old & PR_KINDS) | kinds);
+					       huge, t->gen, t->scans,
+					       (old & (PR_KINDS | PR_USED)) | kinds);
 			}
 		}
 		xas_store(&xas, xa_mk_value(v));
@@ -76,6 +79,9 @@ void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsig
  * @t: the target; called from its scan work only.
  * @first: the first region index the walk covers below the entry.
  * @last: the last one.
+ * @read_used: read the table of a region whose last read found it in use (PR_USED), whatever the
+ *	       bits say (abit's window: a region stays read while it is used, and a window it
+ *	       happened to miss does not drop it).
  * @units: the carried-over regions' units are added here (pages; a huge mapping is one).
  * @shmem: of them, those of regions holding shmem pages.
  * @file: of them, those of regions holding file-backed pages. A region holding pages of more
@@ -90,7 +96,7 @@ void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsig
  * Context: no lock held. Return: true if the walk may skip the entry's table.
  */
 bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsigned long last,
-			  u64 *units, u64 *shmem, u64 *file)
+			  bool read_used, u64 *units, u64 *shmem, u64 *file)
 {
 	XA_STATE(xas, &t->regions, first);
 	unsigned long v, n = 0, carried = 0, u;
@@ -101,13 +107,14 @@ bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsign
 	if (first == last) { /* one page table: it must be known, and not huge */
 		entry = xas_load(&xas);
 		v = xa_is_value(entry) ? xa_to_value(entry) : 0;
-		if (!v || (v & (PR_HUGE | PR_REWALK)) ||
+		if (!v || (v & (PR_HUGE | PR_REWALK)) || (read_used && (v & PR_USED)) ||
 		    (region_gen(v) == t->gen && !(v & PR_IDLE)))
 			skip = false;
 	} else {
 		xas_for_each(&xas, entry, last) {
 			v = xa_to_value(entry);
-			if ((v & PR_REWALK) || (region_gen(v) == t->gen && !(v & PR_IDLE))) {
+			if ((v & PR_REWALK) || (read_used && (v & PR_USED)) ||
+			    (region_gen(v) == t->gen && !(v & PR_IDLE))) {
 				skip = false;
 				break;
 			}

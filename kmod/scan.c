@@ -33,6 +33,7 @@ struct scan_batch {
 	bool probing;
 	unsigned long region;	/* the region of the units below, and whether they are left */
 	bool no_marks;		/* unmarked: UNMARK named it (pages being moved) */
+	bool windowed;		/* the period began with a window (scan_window()) */
 	struct pagetier_probe_list probe; /* units accessed in the last period, for probe.c */
 	struct pt_seen seen[PTRS_PER_PTE];
 };
@@ -144,15 +145,19 @@ static bool record(struct pagetier_target *t, const struct pt_seen *s, bool prob
 static void note_region(struct pagetier_target *t, const struct scan_batch *b)
 {
 	unsigned int i, node = b->seen[0].node, present = b->seen[0].huge ? PT_REGION_PAGES : b->n;
+	unsigned int accessed = 0;
 	unsigned long kinds = 0;
 	bool mixed = false;
 
 	for (i = 0; i < b->n; i++) {
 		mixed |= b->seen[i].node != node;
+		accessed += b->seen[i].accessed;
 		kinds |= (b->seen[i].kind == PT_KIND_SHMEM ? PR_SHMEM : 0) |
 			 (b->seen[i].kind == PT_KIND_FILE ? PR_FILE : 0) |
 			 (b->seen[i].shared ? PR_SHARED : 0);
 	}
+	if (accessed >= PT_USED_PAGES)
+		kinds |= PR_USED;
 	pagetier_region_note(t, b->seen[0].index >> (PMD_SHIFT - PAGE_SHIFT), present, node, mixed,
 			     b->seen[0].huge, kinds);
 }
@@ -171,7 +176,7 @@ static bool scan_idle(struct pagetier_walk *w, unsigned long first, unsigned lon
 	if (first != last && refresh &&
 	    ((first >> (PUD_SHIFT - PMD_SHIFT)) + t->scans) % refresh == 0)
 		return false;
-	return pagetier_region_idle(t, first, last, &b->tracked, &b->shmem, &b->file);
+	return pagetier_region_idle(t, first, last, b->windowed, &b->tracked, &b->shmem, &b->file);
 }
 
 static void scan_unlocked(struct pagetier_walk *w)
@@ -195,13 +200,65 @@ static void scan_unlocked(struct pagetier_walk *w)
 	b->n = 0;
 }
 
+/*
+ * Whether the upper-level Accessed bits of @mm tell which page tables were used. A secondary
+ * MMU (a KVM guest, a device) reads the pages through its own tables and sets none of the
+ * CPU's: with notifiers, every table is read and the notifiers asked page by page.
+ */
+static bool upper_bits_tell(struct mm_struct *mm)
+{
+#ifdef CONFIG_MMU_NOTIFIER
+	if (mm_has_notifiers(mm))
+		return false;
+#endif
+	return true;
+}
+
+/*
+ * The short window before a walk that tests the upper-level bits (modes with upper_window:
+ * abit). Left alone, a PMD's bit covers the time since the last pass tested it, a second or
+ * more on a large target: with a little of the accesses going anywhere (an allocator's
+ * metadata, a lookup now and then) nearly every 2 MiB region is touched in that time, and the
+ * pass reads every page table. So each period first clears the PUD and PMD (table) bits from
+ * where its walk starts on, an upper-levels-only walk costing one entry per 2 MiB, flushes the
+ * TLB (walk.c: the next access walks the tables and sets the bits), and sleeps
+ * pagetier_upper_window_ms with the mmap_lock dropped and the address space not held. The walk
+ * after it re-finds the VMAs and reads the tables below entries used in the window: a region in
+ * use is touched within milliseconds, one touched now and then mostly is not. A region whose
+ * last read found PT_USED_PAGES or more pages accessed is read again whatever its bits
+ * (PR_USED), until a read finds fewer: a program that pauses, or is not scheduled, for a window
+ * keeps its hot set read, and a region the odd access touched is not read on that account.
+ *
+ * Return: 0 with a user reference on t->mm taken again; -ESRCH if the address space is gone;
+ * -EINTR if the target is being detached.
+ */
+static int scan_window(struct pagetier_target *t, unsigned int ms, u64 *busy,
+		       unsigned long *entries)
+{
+	struct pagetier_walk w = { .t = t, .upper_only = true,
+				   .cursor = t->pass_started ? t->cursor : 0,
+				   .budget = READ_ONCE(pagetier_scan_budget) };
+	u64 t0 = ktime_get_ns();
+
+	mmap_read_lock(t->mm);
+	pagetier_walk_all(&w);
+	mmap_read_unlock(t->mm);
+	mmput(t->mm);
+	*busy += ktime_get_ns() - t0;
+	*entries += w.entries;
+	if (!pagetier_sleep_us(t, (unsigned long)ms * USEC_PER_MSEC))
+		return -EINTR;
+	return mmget_not_zero(t->mm) ? 0 : -ESRCH;
+}
+
 /**
  * pagetier_scan() - one period's scan of a target: the mode checks and (re)arms present pages.
  * @t: the target. Called from its delayed work only.
  *
  * A pass covers every tracked VMA. A period walks at most pagetier_scan_budget's worth of it
  * (0: no limit) and leaves a cursor where the next period resumes; the pass ends (scans + 1,
- * pages not seen forgotten) in the period that reaches the last VMA.
+ * pages not seen forgotten) in the period that reaches the last VMA. In abit mode a period
+ * starts with a short window (scan_window()).
  *
  * Return: 0, or -ESRCH once the target's address space is gone.
  */
@@ -209,11 +266,28 @@ int pagetier_scan(struct pagetier_target *t)
 {
 	struct pagetier_walk w = { .pte = scan_pte, .pmd = scan_pmd, .unlocked = scan_unlocked,
 				   .t = t, .protects = t->ops->protects };
-	u64 t0 = ktime_get_ns();
+	unsigned long window_entries = 0;
+	unsigned int window_ms;
+	u64 t0, busy = 0;
 	struct scan_batch *b;
+	bool upper, windowed = false;
+	int ret;
 
 	if (!mmget_not_zero(t->mm))
 		return -ESRCH;
+	/* the first pass reads every table: no region is known yet */
+	upper = READ_ONCE(pagetier_upper_bits) && t->scans && upper_bits_tell(t->mm);
+	window_ms = READ_ONCE(pagetier_upper_window_ms);
+	if (upper && window_ms && t->ops->upper_window) {
+		windowed = true;
+		ret = scan_window(t, window_ms, &busy, &window_entries);
+		if (ret) {
+			WRITE_ONCE(t->walk_entries, t->walk_entries + window_entries);
+			WRITE_ONCE(t->scan_ns, t->scan_ns + busy);
+			return ret == -EINTR ? 0 : ret;
+		}
+	}
+	t0 = ktime_get_ns();
 	b = kmalloc(sizeof(*b), GFP_KERNEL);
 	if (!b) {
 		mmput(t->mm);
@@ -226,6 +300,7 @@ int pagetier_scan(struct pagetier_target *t)
 	b->walked = 0;
 	b->region = ULONG_MAX;
 	b->no_marks = false;
+	b->windowed = windowed;
 	b->probing = pagetier_probe_enabled(t);
 	b->probe = (struct pagetier_probe_list){};
 	w.priv = b;
@@ -251,8 +326,7 @@ int pagetier_scan(struct pagetier_target *t)
 	}
 	w.cursor = t->cursor;
 	w.budget = READ_ONCE(pagetier_scan_budget);
-	/* the first pass reads every table: no region is known yet */
-	if (READ_ONCE(pagetier_upper_bits) && t->scans)
+	if (upper)
 		w.idle = scan_idle;
 	w.memo_pud = t->memo_pud;
 	w.memo_pmd = t->memo_pmd;
@@ -279,7 +353,7 @@ int pagetier_scan(struct pagetier_target *t)
 		pagetier_region_drop_stale(t);
 		t->pass_started = false;
 	}
-	t0 = ktime_get_ns() - t0;
+	busy += ktime_get_ns() - t0;
 	/* then, over the units this period found accessed in the last one only, the probes */
 	pagetier_probe(t, &b->probe);
 	kvfree(b->probe.u);
@@ -288,8 +362,8 @@ int pagetier_scan(struct pagetier_target *t)
 	 * The walk's figures next to scans (nothing sleeps in between), so that a reader sees the
 	 * ones of the passes scans counts, not those of a pass whose probes still run.
 	 */
-	WRITE_ONCE(t->walk_entries, t->walk_entries + w.entries);
-	WRITE_ONCE(t->scan_ns, t->scan_ns + t0);
+	WRITE_ONCE(t->walk_entries, t->walk_entries + window_entries + w.entries);
+	WRITE_ONCE(t->scan_ns, t->scan_ns + busy);
 	if (w.cursor)
 		WRITE_ONCE(t->scan_resumes, t->scan_resumes + 1);
 	else /* after the probes: a reader waiting for this scan finds its frequencies */

@@ -278,6 +278,21 @@ static bool pmd_table_young(struct pagetier_walk *w, struct vm_area_struct *vma,
 }
 
 /*
+ * The start of a short window (scan.c): clear the Accessed bit of a PMD pointing to a page
+ * table, under its lock and only while it points to one, as pmd_table_young() tests it. The
+ * result is not kept: the walk after the window tests the bit again.
+ */
+static void pmd_table_clear(struct vm_area_struct *vma, pmd_t *pmd)
+{
+	spinlock_t *ptl = pmd_lock(vma->vm_mm, pmd);
+	pmd_t val = *pmd;
+
+	if (pmd_present(val) && !pmd_trans_huge(val) && !pmd_devmap(val) && !pmd_bad(val))
+		clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pmd);
+	spin_unlock(ptl);
+}
+
+/*
  * How many of the @n entries of @size bytes from @p on are all zero (empty): the common case in
  * the tables of a sparse mapping, where a populated table holds one entry in 512. Eight words
  * are ORed per step and tested once (a table costs 64 tests, not 512), then memchr_inv finds
@@ -342,6 +357,14 @@ static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *v
 		pmdval = READ_ONCE(*pmd);
 		if (pmd_none(pmdval))
 			continue;
+		if (w->upper_only) { /* clear a table's bit; a huge PMD is the page's own */
+			if (pmd_present(pmdval) && !pmd_trans_huge(pmdval) && !pmd_devmap(pmdval))
+				pmd_table_clear(vma, pmd);
+			cond_resched();
+			if (walk_spent(w))
+				return next;
+			continue;
+		}
 		/* a page table not used since the last pass: its region is carried over */
 		if (w->idle && pmd_present(pmdval) && !pmd_trans_huge(pmdval) &&
 		    !pmd_devmap(pmdval) && !pmd_table_young(w, vma, pmd, addr) &&
@@ -396,7 +419,9 @@ static unsigned long walk_puds(struct pagetier_walk *w, struct vm_area_struct *v
 		pudval = READ_ONCE(*pud);
 		if (pud_none(pudval) || pud_trans_huge(pudval) || pud_bad(pudval))
 			continue;
-		if (w->idle &&
+		if (w->upper_only)
+			clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pud);
+		else if (w->idle &&
 		    !upper_young(pud, addr >> PUD_SHIFT, &w->memo_pud, &w->memo_pud_young) &&
 		    w->idle(w, addr >> PMD_SHIFT, (next - 1) >> PMD_SHIFT))
 			continue;

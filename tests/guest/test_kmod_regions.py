@@ -95,6 +95,49 @@ def test_only_used_tables_are_read_and_nothing_is_lost(dev, mode):
     assert not np.any(cold["flags"] & uapi.REGION_ACCESSED)
 
 
+def test_abit_window_reads_the_used_tables_under_noise(dev):
+    """abit mode, 512 MiB touched once, 8 MiB of it all the time, and 100 of every million
+    accesses sent to a random page anywhere. The upper-level bits are cleared a short window
+    (upper_window_ms) before each pass tests them, so a pass reads the page tables of the hot
+    regions and of the few the noise touched in the window; set to 0 (the bits set since the
+    last pass), it reads every table the noise touched since then. With the window the hot
+    pages are all still counted."""
+    knob = kmod.SYSFS / "upper_window_ms"
+    default = knob.read_text().strip()
+    assert int(default) > 0
+    with Workload("--size", "512", "--hot", "8", "--hot-offset", "300", "--no-thp",
+                  "--noise-ppm", "100", "--no-verify", "--duration", "0", "--quiet") as w:
+        dev.attach(w.pid, "abit", scan_period_ms=200)
+        try:
+            wait_scans(dev, w.pid, 3)
+            dev.read(w.pid, reset=True)
+            st0 = dev.stats(w.pid)
+            st1 = wait_scans(dev, w.pid, 4)
+            acc = in_buffer(dev.read(w.pid, accessed_only=True), w)
+            knob.write_text("0")
+            st2 = wait_scans(dev, w.pid, 2)
+            st3 = wait_scans(dev, w.pid, 4)
+        finally:
+            knob.write_text(default)
+            dev.detach(w.pid)
+        assert w.stop() == 0
+
+    def per_pass(a, b):
+        return (b["walk_entries"] - a["walk_entries"]) / (b["scans"] - a["scans"])
+
+    windowed, whole = per_pass(st0, st1), per_pass(st2, st3)
+    hot_pages = np.arange(w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"], PAGE,
+                          dtype=np.uint64)
+    tp = np.intersect1d(acc["addr"], hot_pages).size
+    print(f"entries per pass: {windowed:.0f} with a {default} ms window, {whole:.0f} without; "
+          f"{tp}/{hot_pages.size} hot pages counted, {len(acc)} pages in all")
+    assert tp >= 0.95 * hot_pages.size
+    # the 4 hot tables (2,048 PTEs) plus the few the noise hit in the window, and the upper
+    # levels; far fewer than the tables the noise hits between two passes
+    assert windowed < 0.5 * whole, (windowed, whole)
+    assert windowed < 0.25 * (w.ready["size"] // PAGE), windowed
+
+
 @pytest.mark.parametrize("mode", ["fault", "abit"])
 def test_region_records_add_up_the_pages_and_drill_down_matches(dev, mode):
     """READ_PAGES over a range returns exactly what a whole per-page READ holds there, and each
