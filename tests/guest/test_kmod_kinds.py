@@ -28,7 +28,8 @@ SIZE_MB, HOT_MB = 32, 4
 
 # The target: maps SIZE_MB of one kind of memory, touches every page once, then touches the hot
 # part (its first HOT_MB from an offset) over and over. Commands on stdin, one reply line each:
-# "touchall" touches every page once, "truncate" truncates the file to 0 and stops touching,
+# "touchall" touches every page once, "writehot" writes a byte of each hot page (a private file
+# mapping's pages become copies), "truncate" truncates the file to 0 and stops touching,
 # "exit" (or end of input) ends it.
 TARGET = r'''
 import json, mmap, os, select, signal, sys
@@ -88,6 +89,8 @@ while True:
         cmd = sys.stdin.readline().strip()
         if cmd == "touchall":
             touch(pages)
+        elif cmd == "writehot":
+            hot_pages += 1
         elif cmd == "truncate":
             os.ftruncate(fd, 0)
             touching = False
@@ -211,11 +214,17 @@ def test_hot_pages_counted_with_their_kind(dev, ext4, mode, kind):
             rec = in_buffer(dev.read(m.pid), m.ready)
             regions = in_buffer(dev.read_regions(m.pid), m.ready)
             attached = m.hint_faults_touching_all()
+            if kind == "file-private":  # written once marked again: each write copies the
+                wait_scans(dev, m.pid, 1)  # file's page, the file itself is never written
+                m.command("writehot")
         finally:
             dev.detach(m.pid)
         detached = m.hint_faults_touching_all()
         assert m.stop() == 0
     check_counted(m, rec, regions, st, kind)
+    if kind == "file-private":
+        data = np.fromfile(ext4 / f"{kind}.data", np.uint8)
+        assert len(data) == SIZE_MB << 20 and np.all(data == 0x5A), "a private write reached it"
     if mode == "fault":
         assert st["pages_marked"] > 0 and st["faults"] > 0
         assert attached > 0, "no page was marked: the check below could not fail"
