@@ -110,6 +110,11 @@ MIB = 1 << 20
 # with room to find out that the throughput has grown; MOVE_TIME_SHARE (daemon/moves.py) stops
 # the moves when the throughput fell
 THROUGHPUT_HEADROOM = 1.6
+# Where steps take longer than the interval (a slow decision over many 4 KiB units, a busy
+# machine), the throughput cap and the moves' deadline stand for the time steps really take,
+# up to this many intervals: a step that moved one interval's worth would move at a fraction
+# of the measured throughput
+STEP_PERIOD_MAX = 3.0
 # the stats counters summed over the run (the status file's "totals")
 TOTALS = ("promoted", "demoted", "failed", "busy", "gone", "bytes_moved", "ping_pongs",
           "forced_demotions", "clipped", "deferred")
@@ -205,7 +210,7 @@ class Daemon:
         self.fastnode = FastNode(lambda: self.cfg, self.state)
         self.stepper = Step(self.state, policy if policy is not None else create_policy(cfg),
                             DaemonMover(lambda: self.cfg, self.executor, self.fastnode,
-                                        self.tracker.drop),
+                                        self.tracker.drop, self.step_period),
                             self.clock, policies.Context, fast=cfg.fast_node, slow=cfg.slow_node,
                             interval_s=cfg.interval)
         status = cfg.status_file or run_dir() / f"daemon-{os.getpid()}.json"
@@ -223,6 +228,10 @@ class Daemon:
         self.control = None
         self._boundary = False  # the policy asked for a decision now
         self._interval_moved = 0  # pages moved since the last regular step (rate sharing)
+        self._last_regular: float | None = None  # when the last regular step began
+        self._period: float | None = None  # the time between the last two regular steps,
+        # less what their moves took (a longer period must not let the moves grow it further)
+        self._moving_s = 0.0  # seconds of moves since the last regular step began
         self._reread = False  # the last read was idle or partial: read again at a period's end
         self._accessed = 0  # units with an access rate in the last full read (see step)
         self._early_run = 0  # early reads in a row up to the last one
@@ -264,13 +273,20 @@ class Daemon:
         return planner.rate_pages(self.cfg.rate, self.cfg.interval)
 
     def throughput_pages(self) -> int | None:
-        """Pages the measured migration throughput moves in THROUGHPUT_HEADROOM intervals (a
+        """Pages the measured migration throughput moves in THROUGHPUT_HEADROOM step periods (a
         phase change's exchange in one batch, with room to find out that the throughput has
         grown); None until a move has been measured."""
         tp = self.executor.throughput
         if tp is None:
             return None
-        return max(2 * THROUGHPUT_MIN_PAGES, int(tp * self.cfg.interval * THROUGHPUT_HEADROOM))
+        return max(2 * THROUGHPUT_MIN_PAGES, int(tp * self.step_period() * THROUGHPUT_HEADROOM))
+
+    def step_period(self) -> float:
+        """The seconds a step's moves stand for: the interval, or the time between the last
+        two regular steps less their moves' time where that is longer (at most
+        STEP_PERIOD_MAX intervals)."""
+        iv = self.cfg.interval
+        return min(max(iv, self._period or iv), STEP_PERIOD_MAX * iv)
 
     def trust_moves(self) -> int:
         """Intervals for which the profiler's node of a moved unit may predate the move."""
@@ -357,6 +373,10 @@ class Daemon:
             step.begin()
             if not early:  # a read early after an idle or partial one shares its rate
                 self._interval_moved = 0
+                now = self.clock.monotonic()
+                if self._last_regular is not None:
+                    self._period = now - self._last_regular - self._moving_s
+                self._last_regular, self._moving_s = now, 0.0
             merge_s = step.merge(self._reads(sorted(self.targets)))
             self._early_run = self._early_run + 1 if early else 0
             self._reread = self._read_again(self.state, early)
@@ -366,6 +386,7 @@ class Daemon:
             self._reread = True  # the policy cannot judge this read yet: read again soon
         if not cfg.dry_run:
             self._interval_moved += out.moved.demoted + out.moved.promoted
+            self._moving_s += out.moved.tally.get("move_s", 0.0)
         stats = {"interval": self.state.interval, "boundary": boundary,
                  # read at the end of the profiler's first period after an idle or partial
                  # read, not a whole interval later

@@ -20,7 +20,8 @@ from pagetier.core.units import PAGE_SIZE
 from pagetier.daemon.executor import Executor, new_tally
 from pagetier.daemon.fastnode import ROOM_MARGIN, FastNode
 
-# an interval's moves start no move_pages call after this many intervals from their start.
+# an interval's moves start no move_pages call after this many intervals (step periods, when
+# steps take longer than the interval) from their start.
 # The throughput cap (daemon/loop.py: THROUGHPUT_HEADROOM) plans more than one interval of
 # moves so that a phase change's exchange goes in one batch; the deadline catches what it
 # misses (no measurement yet, or a throughput that fell), without letting one plan's moves
@@ -38,8 +39,11 @@ class DaemonMover:
     node's room, ``drop(pid)`` drops a target found gone."""
 
     def __init__(self, cfg: Callable, executor: Executor, fastnode: FastNode,
-                 drop: Callable[[int], None]):
+                 drop: Callable[[int], None], period: Callable[[], float] | None = None):
         self.cfg, self.executor, self.fastnode, self.drop = cfg, executor, fastnode, drop
+        # the seconds a step stands for (the daemon's step_period): the interval, or the time
+        # steps really take when they take longer
+        self.period = period or (lambda: self.cfg().interval)
 
     def locate(self, state) -> None:
         self.executor.fill_nodes()
@@ -54,7 +58,7 @@ class DaemonMover:
         acc, forget, gone = new_tally(), [], set()
         window = cfg.ping_pong_window
         t_moves = clock.monotonic()
-        deadline = t_moves + cfg.interval * MOVE_TIME_SHARE
+        deadline = t_moves + self.period() * MOVE_TIME_SHARE
         ok = self.executor.move(moves.demotions, cfg.slow_node, acc, forget, gone, window,
                                 deadline)
         demoted, acc["moved_pages"] = acc["moved_pages"], 0

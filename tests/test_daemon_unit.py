@@ -1254,6 +1254,36 @@ def test_moves_capped_at_the_measured_throughput(tmp_path):
     assert d2.step()["throughput_mb_s"] is None
 
 
+def test_throughput_cap_follows_steps_longer_than_the_interval(tmp_path):
+    """Steps 2.5 s apart besides their moves, with a 1 s interval (a slow decision over many
+    4 KiB units): the cap
+    is what the measured throughput moves in 1.6 step periods, not in 1.6 intervals, so the
+    moves keep up with the throughput; 10 s apart, it stops at STEP_PERIOD_MAX intervals."""
+    from pagetier.daemon.loop import STEP_PERIOD_MAX
+
+    clock = FakeClock()
+    rate_mb_s = 100_000 * 4096 / (1 << 20)
+    d = make_daemon(tmp_path, units=60000, hot=60000, budget="1G", rate=rate_mb_s, clock=clock)
+    d.cfg.interval = 1.0
+    move = d.executor.mover.move
+
+    def slow(pid, addrs, node):
+        clock.advance(len(addrs) / 1000.0)
+        return move(pid, addrs, node)
+
+    d.executor.mover.move = slow
+    d.step()  # measures 1,000 pages a second
+    assert d.step_period() == 1.0
+    clock.advance(2.5)  # the decision, the read: the moves' own time is not counted
+    capped = d.step()
+    assert d.step_period() == 2.5
+    # 1.6 x 2.5 s at 1,000 pages a second, give or take the clock's rounding
+    assert capped["limit"] == "throughput" and 3999 <= capped["promoted"] <= 4000, capped
+    clock.advance(10.0)
+    d.step()
+    assert d.step_period() == STEP_PERIOD_MAX
+
+
 def test_moves_stop_at_the_interval_deadline(tmp_path):
     """Before any throughput is measured, a mover at 1,000 pages a second and a plan of 20,000
     pages (no --rate): the first interval's moves stop after the first chunk (it alone took
