@@ -104,23 +104,27 @@ def test_abit_window_reads_the_used_tables_under_noise(dev):
     pages are all still counted."""
     knob = kmod.SYSFS / "upper_window_ms"
     default = knob.read_text().strip()
-    assert int(default) > 0
-    with Workload("--size", "512", "--hot", "8", "--hot-offset", "300", "--no-thp",
-                  "--noise-ppm", "100", "--no-verify", "--duration", "0", "--quiet") as w:
-        dev.attach(w.pid, "abit", scan_period_ms=200)
-        try:
-            wait_scans(dev, w.pid, 3)
-            dev.read(w.pid, reset=True)
-            st0 = dev.stats(w.pid)
-            st1 = wait_scans(dev, w.pid, 4)
-            acc = in_buffer(dev.read(w.pid, accessed_only=True), w)
-            knob.write_text("0")
-            st2 = wait_scans(dev, w.pid, 2)
-            st3 = wait_scans(dev, w.pid, 4)
-        finally:
-            knob.write_text(default)
-            dev.detach(w.pid)
-        assert w.stop() == 0
+    window = "20"
+    knob.write_text(window)
+    try:  # the knob is the module's, for every later test too
+        with Workload("--size", "512", "--hot", "8", "--hot-offset", "300", "--no-thp",
+                      "--noise-ppm", "100", "--no-verify", "--duration", "0", "--quiet") as w:
+            dev.attach(w.pid, "abit", scan_period_ms=200)
+            try:
+                wait_scans(dev, w.pid, 3)
+                dev.read(w.pid, reset=True)
+                st0 = dev.stats(w.pid)
+                st1 = wait_scans(dev, w.pid, 4)
+                acc = in_buffer(dev.read(w.pid, accessed_only=True), w)
+                knob.write_text("0")
+                st2 = wait_scans(dev, w.pid, 2)
+                st3 = wait_scans(dev, w.pid, 4)
+            finally:
+                knob.write_text(default)
+                dev.detach(w.pid)
+            assert w.stop() == 0
+    finally:
+        knob.write_text(default)
 
     def per_pass(a, b):
         return (b["walk_entries"] - a["walk_entries"]) / (b["scans"] - a["scans"])
@@ -129,7 +133,7 @@ def test_abit_window_reads_the_used_tables_under_noise(dev):
     hot_pages = np.arange(w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"], PAGE,
                           dtype=np.uint64)
     tp = np.intersect1d(acc["addr"], hot_pages).size
-    print(f"entries per pass: {windowed:.0f} with a {default} ms window, {whole:.0f} without; "
+    print(f"entries per pass: {windowed:.0f} with a {window} ms window, {whole:.0f} without; "
           f"{tp}/{hot_pages.size} hot pages counted, {len(acc)} pages in all")
     assert tp >= 0.95 * hot_pages.size
     # the 4 hot tables (2,048 PTEs) plus the few the noise hit in the window, and the upper
