@@ -9,17 +9,8 @@ from pagetier.core import state as state_mod
 from pagetier.core.state import PageState, union
 from pagetier.policies.rules.arrays import member_sorted
 from pagetier.policies.rules.view import PageView
-from pagetier.profiler.base import Sample
 
-FAST, SLOW = 0, 1
-
-
-def sample(addrs, rates, nodes, pid=1, complete=False):
-    addrs = np.asarray(addrs, np.uint64)
-    rates = np.asarray(rates, np.float32)
-    return Sample(pid=pid, addr=addrs, count=(rates > 0).astype(np.uint32),
-                  node=np.asarray(nodes, np.int16), npages=np.ones(len(addrs), np.uint16),
-                  complete=complete, freq=rates)
+from test_state_incremental import FAST, SLOW, sample  # the same Sample builder
 
 
 @pytest.mark.parametrize("na,nb", [(50_000, 40_000), (40_000, 2_000), (3_000, 60_000), (0, 10),
