@@ -204,38 +204,37 @@ def check_nodes(cfg: Config, root: Path = NODE_ROOT) -> None:
             )
 
 
-def _zone_pairs(node: int, text: str | None):
+def zone_sums(node: int, text: str | None = None) -> dict[str, int]:
     """The two-field lines ("high 256", "count: 7") of ``node``'s zones in /proc/zoneinfo (or
-    ``text``), as (name, value)."""
+    ``text``), each name's values summed over the zones (and their per-CPU pagesets): one walk
+    for every field the daemon reads."""
     if text is None:
         text = Path("/proc/zoneinfo").read_text()
-    cur = None
-    for line in text.splitlines():
-        parts = line.split()
-        if line.startswith("Node "):  # "Node 0, zone   Normal"
-            cur = int(parts[1].rstrip(","))
-        elif cur == node and len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            yield parts[0], int(parts[1])  # not "per-node stats"
+    sums: dict[str, int] = {}
+    for section in ("\n" + text).split("\nNode ")[1:]:  # "0, zone   Normal\n  pages free ..."
+        if int(section[:section.index(",")]) != node:
+            continue
+        for line in section.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) == 2 and parts[1].lstrip("-").isdigit():  # not "per-node stats"
+                sums[parts[0]] = sums.get(parts[0], 0) + int(parts[1])
+    return sums
 
 
 def zone_watermark(node: int, name: str = "high", text: str | None = None,
-                   page_size: int = 4096) -> int:
-    """Bytes: the sum over ``node``'s zones of a watermark from /proc/zoneinfo (or ``text``);
-    "promo" falls back to "high" on kernels without it."""
-    total, seen, fallback = 0, False, 0
-    for key, value in _zone_pairs(node, text):
-        if key == name:
-            total += value
-            seen = True
-        elif key == "high":
-            fallback += value
-    return (total if seen else fallback) * page_size
+                   page_size: int = 4096, sums: dict[str, int] | None = None) -> int:
+    """Bytes: the sum over ``node``'s zones of a watermark from /proc/zoneinfo (or ``text``, or
+    :func:`zone_sums` already taken); "promo" falls back to "high" on kernels without it."""
+    sums = zone_sums(node, text) if sums is None else sums
+    return sums.get(name, sums.get("high", 0)) * page_size
 
 
-def zone_pcp_pages(node: int, text: str | None = None) -> int:
+def zone_pcp_pages(node: int, text: str | None = None, sums: dict[str, int] | None = None) -> int:
     """Pages: the free pages on the per-CPU lists of ``node``'s zones (the ``count:`` lines of
-    /proc/zoneinfo's pagesets, or ``text``). MemFree leaves them out until a list drains back."""
-    return sum(value for key, value in _zone_pairs(node, text) if key == "count:")
+    /proc/zoneinfo's pagesets, or ``text``, or :func:`zone_sums` already taken). MemFree leaves
+    them out until a list drains back."""
+    sums = zone_sums(node, text) if sums is None else sums
+    return sums.get("count:", 0)
 
 
 def node_meminfo(node: int, root: Path = NODE_ROOT) -> dict[str, int]:

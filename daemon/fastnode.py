@@ -77,9 +77,9 @@ class FastNode:
         fast = cfg.fast_node
         try:
             free = config_mod.node_meminfo(fast, cfg.node_root)["MemFree"]
-            text = cfg.zoneinfo.read_text()
-            high = config_mod.zone_watermark(fast, "high", text, PAGE_SIZE)
-            pcp = config_mod.zone_pcp_pages(fast, text)
+            zones = config_mod.zone_sums(fast, cfg.zoneinfo.read_text())  # one walk for both
+            high = config_mod.zone_watermark(fast, "high", page_size=PAGE_SIZE, sums=zones)
+            pcp = config_mod.zone_pcp_pages(fast, sums=zones)
         except (OSError, KeyError, ValueError):
             return None
         demoted, self._demoted_unread = self._demoted_unread, 0
