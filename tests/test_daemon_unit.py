@@ -990,6 +990,9 @@ def test_per_cpu_free_pages_from_zoneinfo():
     assert config_mod.zone_pcp_pages(0, text) == 2048 + 7
     assert config_mod.zone_pcp_pages(1, text) == 99
     assert config_mod.zone_watermark(0, "high", text) == 256 * 4096
+    zones = config_mod.zone_sums(0, text)  # one walk, both read from it
+    assert config_mod.zone_pcp_pages(0, sums=zones) == 2048 + 7
+    assert config_mod.zone_watermark(0, "high", sums=zones) == 256 * 4096
 
 
 def test_promotions_stop_at_the_fast_nodes_high_watermark(tmp_path, caplog):
