@@ -125,12 +125,13 @@ class PhaseWatch:
             return no("nothing accessed")
         if int(npages[acc].sum()) < 0.5 * self._prev_accessed:
             return no("few accessed")  # far fewer pages accessed than last time: no evidence
-        if not self._change_possible(akeys, npages[acc], c.phase_jaccard):
+        kept = member_sorted(akeys, prev)  # asked once for both tests
+        if not self._change_possible(kept, npages[acc], c.phase_jaccard):
             return no("overlap")
         # most of this read's accesses on the last hot set: the same phase, read in part. With
         # noise on every huge unit a read that probed few of the hot units ranks noise units
         # on top, and acting on it as a phase change would trade noise units for noise units
-        if self._mostly_on(akeys, rate[acc], prev, self._prev_set):
+        if self._mostly_on(akeys, rate[acc], prev, self._prev_set, on_keys=kept):
             return no("mass")
         order, now_ref, _ = hot_order(rate / (1.0 - decay), acc, fast, c)
         now_set = fill_budget(order, npages, cap)
@@ -156,10 +157,11 @@ class PhaseWatch:
             and unsettled
 
     def _mostly_on(self, akeys: np.ndarray, arate: np.ndarray, keys: np.ndarray,
-                   also: np.ndarray | None = None) -> bool:
+                   also: np.ndarray | None = None, on_keys: np.ndarray | None = None) -> bool:
         """Whether ``phase_mass`` of the rates ``arate`` (of units ``akeys``) is on the units
-        ``keys`` (sorted), or on ``also`` (sorted; None: none)."""
-        on_keys = member_sorted(akeys, keys)
+        ``keys`` (sorted), or on ``also`` (sorted; None: none). ``on_keys``: which of ``akeys``
+        are in ``keys``, when the caller has asked already."""
+        on_keys = member_sorted(akeys, keys) if on_keys is None else on_keys.copy()
         if also is not None and also is not keys:
             on_keys |= member_sorted(akeys, also)
         on = float(arate[on_keys].sum())
@@ -229,17 +231,16 @@ class PhaseWatch:
         hot and half as large as the last one: only such a set can be a new phase."""
         return ref >= 0.5 * self._prev_ref and pages >= 0.5 * self._prev_hot_pages
 
-    def _change_possible(self, akeys: np.ndarray, apages: np.ndarray, pj: float) -> bool:
+    def _change_possible(self, kept: np.ndarray, apages: np.ndarray, pj: float) -> bool:
         """A cheap bound before ranking by rate: whether a new hot set drawn from the units
-        accessed now (sorted keys ``akeys``, pages ``apages``) could overlap the last one
-        (``P`` units, ``prev_pages`` pages) by less than ``pj`` and still be at least half its
-        pages. With ``D`` new units in it (at most ``X``, of ``Xp`` pages: those accessed now
+        accessed now (pages ``apages``; ``kept``: which are in the last hot set) could overlap
+        the last one (``P`` units, ``prev_pages`` pages) by less than ``pj`` and still be at
+        least half its pages. With ``D`` new units in it (at most ``X``, of ``Xp`` pages: those accessed now
         and not in the last set) and ``I`` kept ones of at most ``smax`` pages each, the
         overlap is I / (P + D) and the pages are at most Xp + I * smax: a change needs
         (prev_pages / 2 - Xp) / smax <= I < pj * (P + X). In a steady phase (almost every
         accessed unit in the last hot set) it cannot, and the ranking is skipped."""
         prev = self._prev_hot
-        kept = member_sorted(akeys, prev)
         new_pages = int(apages[~kept].sum(dtype=np.int64))
         need = 0.5 * self._prev_hot_pages - new_pages  # pages the kept units must bring
         if need <= 0:
