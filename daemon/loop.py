@@ -97,6 +97,7 @@ from pagetier.daemon.fastnode import ROOM_MARGIN, FastNode  # noqa: F401
 from pagetier.daemon.moves import MOVE_TIME_SHARE, DaemonMover  # noqa: F401
 from pagetier.daemon.metrics import per_target_bytes
 from pagetier.daemon.numab import NumaBalancing
+from pagetier.daemon import targets as targets_mod
 from pagetier.daemon.targets import Targets
 from pagetier.errors import ConfigError, PagetierError
 from pagetier.profiler import base as profiler_base
@@ -237,6 +238,7 @@ class Daemon:
         self._early_run = 0  # early reads in a row up to the last one
         self._looked = False  # this read comes early: a look between reads asked for it
         self._by_throughput = False  # the measured throughput, not --rate, caps this step
+        self._aliased = 0  # fast pages counted again as another target's (targets.fast_aliases)
 
     @property
     def policy(self):
@@ -396,6 +398,9 @@ class Daemon:
                  "looked": looked,
                  "t": round(self.clock.monotonic() - self._t0, 3),
                  "targets": len(self.targets), "units": len(self.state)}
+        tuning = getattr(self.profiler, "tuning", None)
+        if tuning:  # kmod: each target's sample ratio (1: every page each scan; kinds "auto")
+            stats["sample_ratio"] = {str(pid): t["sample_ratio"] for pid, t in tuning.items()}
         stats.update(self._step_stats(out))
         stats.update(merge_s=round(merge_s, 6),  # PageState bookkeeping of the samples
                      decide_s=round(out.decide_s, 6),
@@ -418,6 +423,11 @@ class Daemon:
         measured = None if self.cfg.dry_run else self.throughput_pages()
         self._by_throughput = measured is not None and measured < rate
         budget = self.fastnode.budget_pages()
+        # a page several targets map (a shared segment, a file) is charged once: its units
+        # beyond the first on the fast node are added to the budget (and taken off fast_used)
+        self._aliased = targets_mod.fast_aliases(self.state, self.targets, self.cfg.fast_node)
+        if budget < planner.NO_LIMIT:
+            budget += self._aliased
         limit = max(0, (measured if self._by_throughput else rate) - self._interval_moved)
         self.fastnode.begin_step()
         room = self.fastnode.room_pages()
@@ -447,9 +457,13 @@ class Daemon:
             "bytes_moved": acc["bytes_moved"],
             "ping_pongs": acc["ping_pongs"],
             "resident": resident,
-            "fast_used": st.movable_on(fast) * PAGE_SIZE,  # what counts against the budget
+            # what counts against the budget: a page several targets map counted once
+            "fast_used": (st.movable_on(fast) - self._aliased) * PAGE_SIZE,
+            # pages on the fast node counted again as another target's units (not charged)
+            "fast_aliased": self._aliased * PAGE_SIZE,
             "fast_unmovable": st.unmovable_on(fast) * PAGE_SIZE,  # outside the budget
-            "budget": int(min(lim.budget, 1 << 50)) * PAGE_SIZE,
+            "budget": int(min(lim.budget - (self._aliased if lim.budget < planner.NO_LIMIT
+                                            else 0), 1 << 50)) * PAGE_SIZE,
             # the fast memory the node can hold for the targets (None: unknown)
             "fast_capacity": None if out.capacity is None else int(out.capacity) * PAGE_SIZE,
             # each reading of the fast node's room in this step (before the decision, and again

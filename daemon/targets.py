@@ -12,6 +12,7 @@ import logging
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from pagetier.core.state import PageState
@@ -19,6 +20,58 @@ from pagetier.daemon.cgroups import Cgroup
 from pagetier.errors import PagetierError
 
 log = logging.getLogger("pagetier.daemon")
+
+
+def shared_mappings(pid: int) -> list[tuple[int, int, tuple, int]]:
+    """``pid``'s shared mappings of files and shared memory (a ``s`` in /proc/PID/maps'
+    permissions, an inode): (start, end, (device, inode), file offset) each; [] when the file
+    cannot be read."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) < 5 or parts[1][3:4] != "s" or parts[4] == "0":
+                    continue
+                lo, _, hi = parts[0].partition("-")
+                out.append((int(lo, 16), int(hi, 16), (parts[3], parts[4]), int(parts[2], 16)))
+    except (OSError, ValueError):
+        return []
+    return out
+
+
+def fast_aliases(state: PageState, pids, fast: int) -> int:
+    """4 KiB pages the state counts on ``fast`` more than once: a page of a file or of shared
+    memory that several targets map is a unit in each of them (units are per process and
+    address), and its copies beyond the first are these. The budget charges such a page once
+    (daemon/loop.py adds these to it); 0 with under two targets."""
+    pids = sorted(pids)
+    if len(pids) < 2:
+        return 0
+    on = np.flatnonzero(state.a["node"] == fast)
+    if not len(on):
+        return 0
+    pid_of, addr, npages = state.pid_of(on), state.a["addr"][on], state.a["npages"][on]
+    files: dict[tuple, int] = {}
+    idents, weights = [], []
+    for pid in pids:
+        mine = pid_of == pid
+        if not mine.any():
+            continue
+        a, w = addr[mine], npages[mine]
+        for lo, hi, key, off in shared_mappings(pid):
+            inside = (a >= lo) & (a < hi)
+            if not inside.any():
+                continue
+            fid = files.setdefault(key, len(files))
+            page = (a[inside] - np.uint64(lo) + np.uint64(off)) >> np.uint64(12)
+            idents.append((np.uint64(fid) << np.uint64(44)) | page)
+            weights.append(w[inside].astype(np.int64))
+    if len(idents) < 2:
+        return 0
+    ident, weight = np.concatenate(idents), np.concatenate(weights)
+    _, first = np.unique(ident, return_index=True)
+    return int(weight.sum() - weight[first].sum())
 
 
 class Targets:
@@ -71,8 +124,28 @@ class Targets:
                 self._attach_failed.add(pid)
             return False
         self.pids.add(pid)
-        log.info("attached to pid %d (%s)", pid, self.name(pid))
+        tuning = getattr(self.profiler, "tuning", {}).get(pid)
+        log.info("attached to pid %d (%s)%s", pid, self.name(pid),
+                 f": {tuning['why']}" if tuning else "")
         return True
+
+    def retune(self) -> None:
+        """Attach again the targets whose profiler parameters no longer fit their memory (kmod:
+        a program that had too little memory to tell at attach, then mapped mostly 4 KiB
+        shared memory or page cache; KmodProfiler.retune). Their units are forgotten."""
+        retune = getattr(self.profiler, "retune", None)
+        if retune is None:
+            return
+        for pid in sorted(self.pids):
+            try:
+                again = retune(pid)
+            except (PagetierError, OSError):
+                continue  # gone: the next refresh drops it
+            if again:
+                group = self.group_of(pid)
+                self.drop(pid, "has other memory now: attaching it again")
+                if self.attach(pid, strict=False) and group is not None:
+                    group.pids.add(pid)
 
     def drop(self, pid: int, why: str = "exited") -> None:
         if pid not in self.pids:
@@ -184,4 +257,5 @@ class Targets:
                 return "every managed cgroup is gone"
         if self.tree:
             self._follow_tree()
+        self.retune()
         return None

@@ -297,6 +297,35 @@ def resident_bytes(pid: int) -> int:
 GRANULARITIES = ("auto", "page", "region")
 AUTO_REGION_BYTES = 1 << 30  # granularity auto: regions for targets that map more than this
 
+# Fault mode on 4 KiB shared memory and page cache (``kinds`` "auto", module 0.5 on): a target
+# whose tracked memory is mostly shmem or file-backed 4 KiB pages is attached with a sample
+# ratio of KINDS_SAMPLE_RATIO, each page marked every that many scans instead of every scan,
+# so that hinting faults take less of the program's time. Off by default: in bench live
+# (docs/benchmarks.md, "Memory kinds", 2026-12-01) 1 in 4 placed noise0-shmem and noise0-file
+# 1.6-1.7x slower than marking every page (15.6-19.5 s against 8.0-12.4 s to 95%): the counts
+# thin out faster than the program speeds up. A THP anon target is never changed.
+KINDS = ("auto", "off")
+KINDS_SAMPLE_RATIO = 4
+# too little of either kind to tell yet: decided again when the target has more (refresh)
+KINDS_MIN_BYTES = 16 << 20
+
+
+def memory_mix(pid: int) -> dict[str, int] | None:
+    """Bytes of ``pid``'s resident memory from /proc/PID/smaps_rollup: ``anon`` (private
+    anonymous, in file mappings too: copies of a private file's pages) and ``anon_huge`` (of
+    it, in THP); None when the file cannot be read (gone, or no permission)."""
+    keys = {"Anonymous:": "anon", "AnonHugePages:": "anon_huge", "Rss:": "rss"}
+    out = dict.fromkeys(keys.values(), 0)
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                k, _, rest = line.partition(" ")
+                if k in keys:
+                    out[keys[k]] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return out
+
 
 @register("kmod")
 class KmodProfiler(Profiler):
@@ -304,14 +333,29 @@ class KmodProfiler(Profiler):
 
     def __init__(self, mode: str = "fault", scan_period_ms: int = 0, sample_ratio: int = 0,
                  page_budget: int = 0, load: bool = True, granularity: str = "auto",
-                 readonly_files: bool = False):
+                 readonly_files: bool = False, kinds: str = "off",
+                 kinds_sample_ratio: int = KINDS_SAMPLE_RATIO):
         """``granularity``: the units reads list. "page": a record per 4 KiB page and per huge
         mapping; "region": a record per 2 MiB region (512 times fewer for 4 KiB pages, moved
         whole); "auto" (default): regions for a target with more than 1 GiB of present pages
         at its first read, pages otherwise. Regions need module 0.4.
 
         ``readonly_files``: also track read-only file mappings (shared libraries, files mapped
-        PROT_READ), which the module leaves out by default as NUMA balancing does. Module 0.5."""
+        PROT_READ), which the module leaves out by default as NUMA balancing does. Module 0.5.
+
+        ``kinds``: "auto": in fault mode, with no ``sample_ratio`` or ``page_budget`` given, a
+        target whose tracked memory is mostly 4 KiB shmem or page-cache pages is marked 1 page
+        in ``kinds_sample_ratio`` each scan (see KINDS_SAMPLE_RATIO and :meth:`choose`); "off"
+        (default): every target as configured. :attr:`tuning` says what each target got and
+        why."""
+        if kinds not in KINDS:
+            raise ConfigError(f"kmod: unknown kinds {kinds!r} (known: {', '.join(KINDS)})")
+        try:
+            kinds_sample_ratio = int(kinds_sample_ratio)
+        except (TypeError, ValueError):
+            kinds_sample_ratio = 0
+        if not 1 <= kinds_sample_ratio <= uapi.SAMPLE_RATIO_MAX:
+            raise ConfigError(f"kmod: kinds_sample_ratio must be in [1, {uapi.SAMPLE_RATIO_MAX}]")
         if mode not in uapi.MODES:
             raise ConfigError(f"kmod: unknown mode {mode!r} (known: {', '.join(uapi.MODES)})")
         if granularity not in GRANULARITIES:
@@ -333,6 +377,10 @@ class KmodProfiler(Profiler):
             raise ConfigError(f"kmod: granularity region needs pagetier.ko 0.4 or later; the "
                               f"loaded module is {version[0]}.{version[1]} (pagetier kmod load)")
         self.granularity = granularity
+        self.kinds, self.kinds_sample_ratio = kinds, kinds_sample_ratio
+        # pid -> what it was attached with: sample_ratio, why, and whether that is settled
+        # (False: too little memory to tell yet, see :meth:`retune`)
+        self.tuning: dict[int, dict] = {}
         self._regions: dict[int, bool] = {}  # pid -> whether its reads list regions
         self.pids: set[int] = set()
         period = self.scan_period_ms or int((SYSFS / "default_scan_period_ms").read_text())
@@ -345,13 +393,68 @@ class KmodProfiler(Profiler):
 
     def attach(self, pid: int) -> None:
         """Attach, then wait (FIRST_SCAN_WAIT_S at most) for the module's first scan of the
-        target: until it ends the module knows only part of the target's pages."""
-        self.dev.attach(pid, self.mode, self.scan_period_ms, self.sample_ratio, self.page_budget,
+        target: until it ends the module knows only part of the target's pages. With
+        ``kinds`` auto, that scan's kinds choose the target's sample ratio (:meth:`choose`):
+        when it is not the configured one, the target is attached again with it."""
+        self._attach(pid, self.sample_ratio)
+        choice = self.choose(pid)
+        if choice["sample_ratio"] != self.sample_ratio:
+            self.dev.detach(pid)
+            self._attach(pid, choice["sample_ratio"])
+        self.tuning[pid] = choice
+
+    def _attach(self, pid: int, sample_ratio: int) -> None:
+        self.dev.attach(pid, self.mode, self.scan_period_ms, sample_ratio, self.page_budget,
                         self.attach_flags)
         self.pids.add(pid)
         deadline = time.monotonic() + FIRST_SCAN_WAIT_S
         while not self._scanned(pid) and time.monotonic() < deadline:
             time.sleep(0.01)
+
+    def choose(self, pid: int) -> dict:
+        """The sample ratio for attached ``pid``, from the module's last scan of it: the
+        configured one, or with ``kinds`` auto in fault mode and no ratio or page budget
+        configured, ``kinds_sample_ratio`` where its tracked 4 KiB shmem and file pages
+        (``pages_shmem`` + ``pages_file``) are at least KINDS_MIN_BYTES and more than its
+        anonymous memory (/proc/PID/smaps_rollup). Returns {"sample_ratio", "why", "settled",
+        "shared_file_bytes", "anon_bytes"}; not settled while the target has under
+        KINDS_MIN_BYTES of both (a program just started: see :meth:`retune`)."""
+        out = {"sample_ratio": self.sample_ratio, "settled": True}
+        if self.kinds != "auto" or self.mode != "fault" or not self.has_kinds:
+            return dict(out, why="as configured (kinds off, abit mode or module before 0.5)")
+        if self.sample_ratio > 1 or self.page_budget:
+            return dict(out, why="as configured (sample_ratio or page_budget given)")
+        try:
+            st = self.dev.stats(pid)
+        except KmodError as e:
+            if e.errno != errno.ESRCH:
+                raise
+            return dict(out, why="gone")
+        small = (int(st.get("pages_shmem", 0)) + int(st.get("pages_file", 0))) * 4096
+        mix = memory_mix(pid) or {"anon": 0}
+        anon = int(mix["anon"])
+        out.update(shared_file_bytes=small, anon_bytes=anon)
+        mib = f"{small / (1 << 20):.1f} MiB of 4 KiB shmem/file pages, {anon / (1 << 20):.1f} " \
+              "MiB anonymous"
+        if small >= KINDS_MIN_BYTES and small > anon:
+            return dict(out, sample_ratio=self.kinds_sample_ratio,
+                        why=f"{mib}: 1 page in {self.kinds_sample_ratio} marked each scan")
+        settled = max(small, anon) >= KINDS_MIN_BYTES
+        return dict(out, settled=settled,
+                    why=f"{mib}: every page marked each scan" + ("" if settled else
+                                                                  " (too little to tell yet)"))
+
+    def retune(self, pid: int) -> bool:
+        """For a target whose choice was not settled: choose again; True when the sample ratio
+        it should have differs from its own (the caller attaches it again: detach, attach)."""
+        t = self.tuning.get(pid)
+        if t is None or t["settled"] or pid not in self.pids:
+            return False
+        choice = self.choose(pid)
+        if choice["sample_ratio"] == t["sample_ratio"]:
+            self.tuning[pid] = dict(choice, sample_ratio=t["sample_ratio"])
+            return False
+        return True
 
     def first_estimate_ready(self, pid: int) -> bool | None:
         """Whether a read of ``pid`` now carries the module's frequency estimate of the units
@@ -386,6 +489,7 @@ class KmodProfiler(Profiler):
     def detach(self, pid: int) -> None:
         self.pids.discard(pid)
         self._regions.pop(pid, None)
+        self.tuning.pop(pid, None)
         try:
             self.dev.detach(pid)
         except KmodError as e:

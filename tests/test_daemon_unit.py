@@ -296,6 +296,42 @@ def test_moves_and_ping_pongs_per_target_in_the_status(tmp_path):
     assert all(t["promoted_bytes"] > 0 for t in by_pid.values())  # each its own pages
 
 
+def test_busy_pages_are_errno_counts_tried_once_an_interval(tmp_path, monkeypatch):
+    """Pages the kernel keeps answering -EBUSY or -EAGAIN (shmem and page-cache folios locked
+    or under writeback), through the real mover against a stand-in move_pages: each
+    interval's stats count them by errno name, the run's totals add them up, and each is sent
+    to move_pages once an interval, never again within it."""
+    busy: dict[int, int] = {}
+    tries: dict[int, int] = {}
+
+    def raw(pid, addrs, nodes, status, flags):
+        if not busy:  # the first 12 pages asked for stay busy
+            busy.update({int(a): errno.EBUSY for a in addrs[:8]})
+            busy.update({int(a): errno.EAGAIN for a in addrs[8:12]})
+        for i, a in enumerate(addrs.tolist()):
+            status[i] = -busy[a] if a in busy else int(nodes[i])
+            if a in busy:
+                tries[a] = tries.get(a, 0) + 1
+        return 0
+
+    monkeypatch.setattr(mover, "_raw", raw)
+    monkeypatch.setattr(mover, "_move_all", True)
+    monkeypatch.setattr(mover, "_cap", True)
+
+    class RealMover(StubMover):
+        def move(self, pid, addrs, node):
+            return mover.move(pid, addrs, node)
+
+    d = make_daemon(tmp_path, units=100, hot=100, budget="1G")
+    d.executor.mover = RealMover()
+    for n in range(1, 4):
+        s = d.step()
+        assert s["errors"] == {"EBUSY": 8, "EAGAIN": 4} and s["busy"] == 12
+        assert set(tries.values()) == {n}  # once an interval each
+    assert d.move_errors == {"EBUSY": 24, "EAGAIN": 12}
+    assert d.state.pages_on(0) == 88
+
+
 def test_mover_outcomes_busy_gone_nomem(tmp_path):
     def outcome(pid, addrs, node):
         st = np.full(len(addrs), node, np.int32)

@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pagetier.bench import kernel_tiering, live_table
@@ -137,6 +137,8 @@ class Spec:
     mode: str = "fault"
     scan_period_ms: int | None = None  # None: the daemon's default (a quarter of interval_s)
     interval_s: float = 1.0  # the daemon's --interval in pagetier's runs
+    # the kmod profiler's options in pagetier's runs besides mode and scan_period_ms (-O)
+    profiler_options: dict = field(default_factory=dict)
     memory: str = "anon"  # the workload's buffer: anon, shmem or file (MEMORY_KINDS)
     pattern: str = "random"  # hotcold --pattern: random 8-byte updates, or a sweep in address order
     # the workload started under ``numactl --preferred=SLOW`` (the kernel's NUMA balancing
@@ -260,8 +262,28 @@ QUICK_SCENARIOS = ("noise0", "noise100", "fuller", "phases")
 QUICK_NOISE_SECONDS = 40
 
 
+PROFILER_OPTIONS = ("kinds", "kinds_sample_ratio", "sample_ratio", "page_budget",
+                    "granularity")
+
+
+def profiler_options(pairs) -> dict:
+    """``-O KEY=VALUE`` pairs as kmod profiler options (integers where they are digits); a
+    key the bench does not pass on is an error."""
+    out = {}
+    for kv in pairs:
+        k, eq, v = kv.partition("=")
+        k = k.strip().replace("-", "_")
+        if not eq or k not in PROFILER_OPTIONS:
+            raise ConfigError(f"bench live: -O {kv!r}: give KEY=VALUE with KEY one of "
+                              f"{', '.join(PROFILER_OPTIONS)}")
+        v = v.strip()
+        out[k] = int(v) if v.isdigit() else v
+    return out
+
+
 def select_scenarios(names: str | None, quick: bool = False, seconds: int | None = None,
-                     mode: str = "fault", interval: float | None = None) -> list[Spec]:
+                     mode: str = "fault", interval: float | None = None,
+                     profiler_options: dict | None = None) -> list[Spec]:
     """Scenarios by name or family ('noise' is all eight noise scenarios), in the order given;
     None: all (--quick: the quick subset, noise runs cut to QUICK_NOISE_SECONDS)."""
     table = scenarios()
@@ -288,6 +310,7 @@ def select_scenarios(names: str | None, quick: bool = False, seconds: int | None
         s.mode = mode
         if interval is not None:
             s.interval_s = float(interval)
+        s.profiler_options = dict(profiler_options or {})
         s.check()
         out.append(s)
     return out
@@ -509,8 +532,9 @@ def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
 
     overrides = {"policy": policy, "fast_budget": f"{spec.budget_mb}M", "interval": spec.interval_s,
                  "json": True, "profiler": "kmod",
-                 "profiler_options": {"mode": spec.mode, **({} if spec.scan_period_ms is None else
-                                                              {"scan_period_ms": spec.scan_period_ms})}}
+                 "profiler_options": {**spec.profiler_options, "mode": spec.mode,
+                                      **({} if spec.scan_period_ms is None else
+                                         {"scan_period_ms": spec.scan_period_ms})}}
     cfg = config_mod.load(None, overrides)  # errors here, in the parent
     config_mod.check_nodes(cfg)
     r, w = os.pipe()
@@ -554,7 +578,7 @@ class ConfigRun:
     DAEMON_KEYS = ("t", "early", "looked", "units", "promoted", "demoted", "fast_used", "cpu_s",
                    "wall_s", "deferred", "clipped", "limit", "rate_pages", "throughput_mb_s",
                    "merge_s", "decide_s", "move_s", "profiler_scan_s", "policy", "errors",
-                   "fast_capacity", "fast_room", "wanted_bytes")
+                   "fast_capacity", "fast_room", "wanted_bytes", "sample_ratio")
 
     def __init__(self, name: str, spec: Spec, log=print, file_dir: Path | None = None):
         self.name, self.spec, self.log = name, spec, log
@@ -1124,7 +1148,8 @@ def report(doc: dict, command_line: str) -> str:
 
 def run_in_vm(names, specs: list[Spec], kernel: str, quick: bool = False,
               seconds: int | None = None, mode: str = "fault", echo: bool = True,
-              interval: float | None = None, repeat: int = 1) -> dict:
+              interval: float | None = None, repeat: int = 1,
+              profiler_options: dict | None = None) -> dict:
     """Boots the HMAT VM once and runs every scenario in it, each configuration ``repeat``
     times (``echo``: the guest's progress to stdout as it comes)."""
     from pagetier.workload import binary
@@ -1135,6 +1160,7 @@ def run_in_vm(names, specs: list[Spec], kernel: str, quick: bool = False,
            + ("--quick " if quick else "") + (f"--seconds {seconds} " if seconds else "")
            + (f"--interval {interval:g} " if interval is not None else "")
            + (f"--repeat {repeat} " if repeat > 1 else "")
+           + "".join(f"-O {shlex.quote(f'{k}={v}')} " for k, v in (profiler_options or {}).items())
            + f"-o \"$PAGETIER_VM_OUT/{RESULT_NAME}\"")
     t0 = time.monotonic()
     budget = sum(len(names) * repeat * (s.seconds + 120) for s in specs)

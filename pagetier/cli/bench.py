@@ -318,6 +318,9 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="runs of each configuration in each scenario, taking turns; the tables show "
                    "their medians and list each run")
+@click.option("--profiler-option", "-O", "profiler_opts", multiple=True, metavar="KEY=VALUE",
+              help="a kmod profiler option for pagetier's runs (as the config's "
+                   "profiler_options), e.g. -O kinds=off or -O kinds_sample_ratio=8")
 @click.option("--list", "list_only", is_flag=True, help="list the scenarios and exit")
 @click.option("--json", "as_json", is_flag=True, help="write only the results, as JSON, to stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="also write the results here")
@@ -326,7 +329,7 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
 @click.option("--records", type=click.Path(dir_okay=False), hidden=True,
               help="print the table of a saved results file instead of running")
 def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode, interval,
-               repeat, list_only, as_json, output, configs, in_guest, records):
+               repeat, profiler_opts, list_only, as_json, output, configs, in_guest, records):
     """Compare pagetier's policies with the kernel's tiering, DAMOS and no migration, live in
     the two-node test VM (6.12: the slow node is a lower memory tier), in scenario families:
     noise (0, 10, 100, 1000 accesses per million anywhere, THP on and off), a fast node fuller
@@ -347,8 +350,9 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
             click.echo(f"{s.name:<16} {s.family:<7} {s.describe()}"
                        + ("  (quick)" if s.name in live.QUICK_SCENARIOS else ""))
         return
+    popts = live.profiler_options(profiler_opts)
     specs = live.select_scenarios(scenario_names, quick=quick, seconds=seconds, mode=mode,
-                                  interval=interval)
+                                  interval=interval, profiler_options=popts)
     if baselines is None:
         baselines = live.QUICK_BASELINES if quick else live.DEFAULT_BASELINES
     names = live.config_names(policies, baselines)
@@ -369,7 +373,8 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
         if not names:
             raise ConfigError("bench live: nothing to run (no policy and no baseline)")
         doc = live.run_in_vm(names, specs, kernel, quick=quick, seconds=seconds, mode=mode,
-                             echo=not as_json, interval=interval, repeat=repeat)
+                             echo=not as_json, interval=interval, repeat=repeat,
+                             profiler_options=popts)
     doc["command"] = shlex.join(argv)
     rows = live.results(doc)
     if output:
