@@ -15,6 +15,9 @@ UAPI_PACKAGED = "pagetier/include/linux/pagetier.h"
 # the C workloads (pagetier workload, the tests' and benchmarks' programs), built into the package
 WORKLOADS = "pagetier/workloads"
 WORKLOAD_PROGS = ("hotcold", "churn")
+# the compiled sorted lookups (pagetier/core/sorted_find.py loads the library with ctypes)
+NATIVE = "pagetier/core/native"
+NATIVE_LIB = "libsorted_find.so"
 _uapi = (HERE / UAPI_HEADER).read_text()
 VERSION = ".".join(
     re.search(rf"#define PAGETIER_VERSION_{p}\s+(\d+)", _uapi).group(1)
@@ -34,6 +37,7 @@ class BuildPy(build_py):
             dest.parent.mkdir(parents=True, exist_ok=True)
             self.copy_file(str(HERE / UAPI_HEADER), str(dest))
             self._build_workloads(Path(self.build_lib) / WORKLOADS / "bin")
+            self._build_native(Path(self.build_lib) / NATIVE / "lib")
 
     @staticmethod
     def _build_workloads(out: Path) -> None:
@@ -47,10 +51,19 @@ class BuildPy(build_py):
             raise SystemExit(f"pagetier: building the workloads failed (is libnuma-dev "
                              f"installed?):\n{r.stdout}{r.stderr}")
 
+    @staticmethod
+    def _build_native(out: Path) -> None:
+        r = subprocess.run(["make", "-s", "-C", str(HERE / NATIVE), f"OUT={out.resolve()}"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"pagetier: building the sorted lookups ({NATIVE}) failed:\n"
+                             f"{r.stdout}{r.stderr}")
+
     def get_outputs(self, include_bytecode=True):
         lib = Path(self.build_lib)
         return [*super().get_outputs(include_bytecode), str(lib / UAPI_PACKAGED),
-                *(str(lib / WORKLOADS / "bin" / p) for p in WORKLOAD_PROGS)]
+                *(str(lib / WORKLOADS / "bin" / p) for p in WORKLOAD_PROGS),
+                str(lib / NATIVE / "lib" / NATIVE_LIB)]
 
 
 class BinaryDistribution(Distribution):
@@ -80,6 +93,8 @@ setup(
     package_data={
         # the C workloads' sources (hotcold, churn); the build compiles them (BuildPy above)
         "pagetier": ["workloads/*.c", "workloads/Makefile"],
+        # the sorted lookups' C source; the build compiles it (BuildPy above)
+        "pagetier.core": ["native/*.c", "native/Makefile"],
         # the built-in trace set (pagetier bench traces), recorded by scripts/record_traces.py
         "pagetier.policies": ["traces/*.parquet", "traces/index.json"],
     },

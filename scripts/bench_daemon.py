@@ -355,6 +355,7 @@ def run_scale(a, tree) -> int:
     if a.repeat > 1:
         print(f"each figure: the median of {a.repeat} runs (this tree and the baseline "
               f"alternating)")
+    print(f"this tree's sorted lookups: {lookups_text()}")
     print(" | ".join(head))
     bgran = a.baseline_granularity
     for s in sizes.split(","):
@@ -405,7 +406,8 @@ def run_scale(a, tree) -> int:
                 f"{a.intervals} (merge: the reads into the PageState; decide: the policy), the "
                 f"stub's own time (its reads and moves: the kernel's work) left out; the default "
                 f"migration rate (512 MB/s). \"before\": {a.baseline} at "
-                f"{bgran_text(a)} on the same accesses."
+                f"{bgran_text(a)} on the same accesses. This tree's sorted lookups: "
+                f"{lookups_text()}."
                 + (f" Each figure: the median of {a.repeat} runs, this tree's and the "
                    f"baseline's alternating." if a.repeat > 1 else "")
                 + "\n\n" + "\n".join(table) + "\n")
@@ -413,6 +415,15 @@ def run_scale(a, tree) -> int:
             f.write(text)
         print(f"appended to {a.output}")
     return 0
+
+
+def lookups_text() -> str:
+    """Whether this tree's sorted lookups are compiled (pagetier/core/sorted_find.py)."""
+    try:
+        from pagetier.core import sorted_find
+    except ImportError:  # a tree from before them
+        return "numpy"
+    return "compiled (build/native)" if sorted_find.native() else "numpy (library not built)"
 
 
 def bgran_text(a) -> str:
@@ -450,6 +461,9 @@ def baseline_tree(rev: str) -> Path:
     subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
     for sub in ("daemon", "profiler", "policies"):
         (tmp / sub).rename(pkg / sub)
+    native = pkg / "core" / "native"
+    if (native / "Makefile").is_file():  # its compiled lookups, where it has them, as installed
+        subprocess.run(["make", "-s", "-C", str(native), f"OUT={native / 'lib'}"], check=True)
     return tmp
 
 

@@ -96,7 +96,8 @@ def test_wheel_and_sdist_contents(dist):
                  "pagetier/workloads/churn.c", "pagetier/workloads/bin/hotcold",
                  "pagetier/workloads/bin/churn", "pagetier/cli/__init__.py", "pagetier/bench/sim.py",
                  "pagetier/policies/traces/index.json", f"pagetier/policies/traces/{TRACE}.parquet",
-                 "pagetier/profiler/kmod.py", "pagetier/daemon/__init__.py"):
+                 "pagetier/profiler/kmod.py", "pagetier/daemon/__init__.py",
+                 "pagetier/core/native/sorted_find.c", "pagetier/core/native/lib/libsorted_find.so"):
         assert need in names, f"{need} is not in {wheel.name}"
     traces = json.loads((REPO / "policies/traces/index.json").read_text())
     for name in traces:
@@ -112,6 +113,7 @@ def test_wheel_and_sdist_contents(dist):
         members = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     for need in ("setup.py", "kmod/include/uapi/linux/pagetier.h", "kmod/dkms.conf",
                  "pagetier/workloads/hotcold.c", "pagetier/workloads/Makefile",
+                 "pagetier/core/native/sorted_find.c", "pagetier/core/native/Makefile",
                  f"policies/traces/{TRACE}.parquet"):
         assert need in members, f"{need} is not in {sdist.name} ({top})"
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagetier.core import sorted_find
 from pagetier.core.arrays import unique
 from pagetier.core.sample import Sample
 
@@ -103,11 +104,9 @@ def unit_keys(target: int | np.ndarray, addr: np.ndarray) -> np.ndarray:
 
 
 def _find(sorted_arr: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(``np.searchsorted(sorted_arr, x)``, whether each of ``x`` is in ``sorted_arr``)."""
-    p = np.searchsorted(sorted_arr, x)
-    if not len(sorted_arr):
-        return p, np.zeros(len(x), bool)
-    return p, sorted_arr[np.minimum(p, len(sorted_arr) - 1)] == x
+    """(``np.searchsorted(sorted_arr, x)``, whether each of ``x`` is in ``sorted_arr``): a
+    merge-join when the compiled lookups are built (pagetier/core/sorted_find.py)."""
+    return sorted_find.find(sorted_arr, x)
 
 
 def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -125,6 +124,9 @@ def union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if not miss.any():
             return a
         return np.insert(a, p[miss], b[miss])
+    merged = sorted_find.union(a, b)  # one merge in compiled code, when built
+    if merged is not None:
+        return merged
     # many: merge the two sorted runs (a stable sort finds them; no binary search), drop the
     # duplicates
     c = np.concatenate([a, b])
@@ -151,6 +153,15 @@ def union_remap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     # a[i] moves right by the number of elements inserted before it (at <= i)
     shift = np.cumsum(np.bincount(at, minlength=len(a) + 1)[:len(a)])
     return np.insert(a, at, b[miss]), np.arange(len(a)) + shift, at + np.arange(len(at))
+
+
+def _kept(mask: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``arrays`` each masked by ``mask``; the arrays themselves when it keeps all (the usual
+    case: every key of an accessed-only read found, every unit accessed), not copies of them
+    (a copy of 36-byte rows costs as much as their gather)."""
+    if mask.all():
+        return arrays
+    return tuple(x[mask] for x in arrays)
 
 
 def _rate_count(a: np.ndarray) -> np.ndarray | None:
@@ -639,14 +650,13 @@ class PageState:
         keys = unit_keys(t, addr)
         pos, found = self._lookup(keys)
         # existing units
-        idx = pos[found]
-        f_count, f_rate = count[found], rate[found]
+        idx, f_count, f_rate, f_node, f_npages = _kept(found, pos, count, rate, node, npages)
         if len(idx):
             rows = np.take(self._a, idx)  # gathered once for both steps
-            self._take_changed(idx, node[found], npages[found],
+            self._take_changed(idx, f_node, f_npages,
                                None if region is None else region[found], trust_moves, rows)
             hit = (f_count > 0) | (f_rate > 0)
-            self._add_accesses(idx[hit], f_count[hit], f_rate[hit], rows[hit])
+            self._add_accesses(*_kept(hit, idx, f_count, f_rate, rows))
         # new units
         new = ~found
         if new.any():

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagetier.core import sorted_find
+
 
 def median_by_size(values: np.ndarray, sizes: np.ndarray, npages: np.ndarray) -> np.ndarray:
     """For each unit of ``npages``, the median of ``values`` over the units of its size
@@ -30,7 +32,8 @@ def sorted_unique(idx: np.ndarray, n: int) -> np.ndarray:
 
 
 def member_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Which of ``a`` are in ``b`` (``b`` sorted).
+    """Which of ``a`` are in ``b`` (``b`` sorted). A merge-join when the compiled lookups are
+    built (pagetier/core/sorted_find.py); otherwise:
 
     When ``a`` is sorted too (strictly increasing, as keys of units in index order) and not
     much smaller than ``b``, the two are merged instead of searched: a stable sort of ``b``
@@ -39,6 +42,8 @@ def member_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     as fast as a binary search of each, at tens of thousands of keys)."""
     if not len(b) or not len(a):
         return np.zeros(len(a), bool)
+    if sorted_find.native() and a.dtype == b.dtype:
+        return sorted_find.find(b, a)[1]
     if (len(a) >= 4096 and len(b) <= 2 * len(a) and a.dtype == b.dtype
             and bool((a[1:] > a[:-1]).all())):
         order = np.argsort(np.concatenate([b, a]), kind="stable")
@@ -84,11 +89,15 @@ def argsort_desc(x: np.ndarray) -> np.ndarray:
 
 
 def jaccard_sorted(a: np.ndarray, b: np.ndarray) -> float:
-    """Jaccard index of two sorted arrays of unique keys (1.0 when both are empty)."""
+    """Jaccard index of two sorted arrays of unique keys (1.0 when both are empty): the common
+    keys counted by a merge-join (compiled lookups) or a merge (numpy)."""
     if len(a) == 0 and len(b) == 0:
         return 1.0
     if len(a) == 0 or len(b) == 0:
         return 0.0
+    if sorted_find.native() and a.dtype == b.dtype:
+        inter = int(np.count_nonzero(sorted_find.find(b, a)[1]))
+        return inter / (len(a) + len(b) - inter)
     # a merge of the two sorted runs (a stable sort finds them): O(n), no binary search
     both = np.sort(np.concatenate([a, b.astype(a.dtype, copy=False)]), kind="stable")
     inter = int(np.count_nonzero(both[1:] == both[:-1]))
