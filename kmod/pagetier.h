@@ -338,6 +338,7 @@ bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsign
 			  bool read_used, u64 *units, u64 *shmem, u64 *file);
 void pagetier_region_rewalk(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
 void pagetier_region_drop_stale(struct pagetier_target *t);
+bool pagetier_region_carried(struct pagetier_target *t, unsigned long r);
 unsigned int pagetier_regions_chunk(struct pagetier_target *t, u32 flags, unsigned long *index,
 				    unsigned long last, struct pagetier_region *out,
 				    unsigned int want, bool *more, struct pagetier_record *pages,

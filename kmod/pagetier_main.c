@@ -32,10 +32,9 @@ unsigned int pagetier_pud_refresh = 16;
 /*
  * abit mode: a pass clears the upper-level Accessed bits this long before it tests them, and
  * reads the page tables below those used meanwhile (0: the bits set since the last pass).
- * Off by default: a region the window skips keeps its pages' last frequency estimates, which
- * the tests' contract (a unit untouched in the last period reads freq 0) does not allow yet
+ * A region the window finds unused is carried over, its pages reported with no frequency.
  */
-unsigned int pagetier_upper_window_ms;
+unsigned int pagetier_upper_window_ms = 20;
 #define UPPER_WINDOW_MS_MAX 1000
 #define PUD_REFRESH_MAX 4096
 #define MAX_TARGETS_LIMIT 4096
@@ -99,6 +98,8 @@ static unsigned int read_chunk(struct pagetier_target *t, u32 flags, unsigned lo
 			       unsigned int want, bool *more, unsigned long *egen)
 {
 	XA_STATE(xas, &t->pages, *index);
+	unsigned long region = ULONG_MAX;
+	bool carried = false;
 	unsigned int n = 0;
 	void *entry;
 
@@ -122,6 +123,11 @@ static unsigned int read_chunk(struct pagetier_target *t, u32 flags, unsigned lo
 			unsigned long node = (v & PT_NODE_MASK) >> PT_NODE_SHIFT;
 			bool acc = xas_get_mark(&xas, PT_ACCESSED);
 
+			/* a region the last pass carried over: not accessed, no frequency */
+			if (xas.xa_index >> (PMD_SHIFT - PAGE_SHIFT) != region) {
+				region = xas.xa_index >> (PMD_SHIFT - PAGE_SHIFT);
+				carried = pagetier_region_carried(t, region);
+			}
 			chunk[n++] = (struct pagetier_record){
 				.addr = (u64)xas.xa_index << PAGE_SHIFT,
 				.count = v & PT_COUNT_MASK,
@@ -130,7 +136,7 @@ static unsigned int read_chunk(struct pagetier_target *t, u32 flags, unsigned lo
 					 ((v & PT_HUGE) ? PAGETIER_REC_HUGE : 0) |
 					 (acc ? PAGETIER_REC_ACCESSED : 0) |
 					 pagetier_entry_kind_flags(v),
-				.freq = pagetier_entry_freq(t, v),
+				.freq = carried ? 0 : pagetier_entry_freq(t, v),
 			};
 		}
 	}

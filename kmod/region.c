@@ -227,9 +227,29 @@ void pagetier_region_drop_stale(struct pagetier_target *t)
 	WRITE_ONCE(t->regions_tracked, kept);
 }
 
+/**
+ * pagetier_region_carried() - whether the last pass that reached region @r carried it over.
+ * @t: the target.
+ * @r: address >> PMD_SHIFT.
+ *
+ * A carried-over region's upper-level Accessed bit was clear (in abit's window, or since the
+ * last pass): none of its pages was seen accessed in that period, so they report no frequency,
+ * whatever estimate their entries still hold from the last read of their table (which clears
+ * or replaces it). Their counts stay: those are since the reset.
+ *
+ * Context: any; takes no lock (RCU), so it may be called under the pages' xa_lock.
+ */
+bool pagetier_region_carried(struct pagetier_target *t, unsigned long r)
+{
+	void *entry = xa_load(&t->regions, r);
+
+	return xa_is_value(entry) && (xa_to_value(entry) & PR_IDLE);
+}
+
 /* Add up the per-page records of region @r: count, freq, pages accessed since the reset. */
-static void sum_pages(struct pagetier_target *t, unsigned long r, struct pagetier_region *rec,
-		      struct pagetier_record *pages, unsigned int *nr_pages)
+static void sum_pages(struct pagetier_target *t, unsigned long r, bool carried,
+		      struct pagetier_region *rec, struct pagetier_record *pages,
+		      unsigned int *nr_pages)
 {
 	unsigned long first = r << (PMD_SHIFT - PAGE_SHIFT), v;
 	XA_STATE(xas, &t->pages, first);
@@ -242,7 +262,7 @@ static void sum_pages(struct pagetier_target *t, unsigned long r, struct pagetie
 			continue;
 		v = xa_to_value(entry);
 		count += v & PT_COUNT_MASK;
-		freq += pagetier_entry_freq(t, v);
+		freq += carried ? 0 : pagetier_entry_freq(t, v);
 		rec->nr_accessed++;
 		/* the page list a READ_RESET takes the counts reported off */
 		pages[(*nr_pages)++] = (struct pagetier_record){
@@ -350,7 +370,7 @@ unsigned int pagetier_regions_chunk(struct pagetier_target *t, u32 flags, unsign
 		}
 		k = *nr_pages;
 		fill_region(t, r, v, &out[n]);
-		sum_pages(t, r, &out[n], pages, nr_pages);
+		sum_pages(t, r, v & PR_IDLE, &out[n], pages, nr_pages);
 		if (!(flags & PAGETIER_READ_ACCESSED_ONLY) || out[n].nr_accessed)
 			n++;
 		else

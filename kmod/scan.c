@@ -20,6 +20,7 @@ struct pt_seen {
 	unsigned int node;
 	bool huge;
 	bool accessed;
+	bool young;  /* the mode saw it accessed (the first pass too, which counts nothing) */
 	u8 kind;     /* PT_KIND_* */
 	bool shared; /* mapped more than once */
 };
@@ -75,7 +76,7 @@ static void scan_pte(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	struct scan_batch *b = w->priv;
 	unsigned long index = addr >> PAGE_SHIFT;
 	pte_t pte = ptep_get(ptep);
-	bool acc, shared;
+	bool acc, young, shared;
 	int kind;
 
 	if (pte_special(pte))
@@ -83,11 +84,11 @@ static void scan_pte(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	kind = pagetier_page_kind(pte_page(pte), &shared);
 	if (kind < 0)
 		return;
+	young = t->ops->pte(t, vma, addr, ptep, sample_region(t, b, index) && in_sample(t, index));
 	/* the first scan only arms: counting starts with the attach */
-	acc = t->ops->pte(t, vma, addr, ptep, sample_region(t, b, index) && in_sample(t, index)) &&
-	      t->scans;
-	b->seen[b->n++] = (struct pt_seen){ index, page_to_nid(pte_page(pte)), false, acc, kind,
-					    shared };
+	acc = young && t->scans;
+	b->seen[b->n++] = (struct pt_seen){ index, page_to_nid(pte_page(pte)), false, acc, young,
+					    kind, shared };
 }
 
 static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsigned long addr,
@@ -97,15 +98,15 @@ static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	struct scan_batch *b = w->priv;
 	unsigned long index = addr >> PAGE_SHIFT;
 	unsigned int nid = page_to_nid(pmd_page(*pmdp));
-	bool acc, shared;
+	bool acc, young, shared;
 	int kind = pagetier_page_kind(pmd_page(*pmdp), &shared);
 
 	if (kind < 0) /* the huge zero page among others */
 		return;
-	acc = t->ops->pmd(t, vma, addr, pmdp,
-			  sample_region(t, b, index) && in_sample(t, addr >> HPAGE_PMD_SHIFT)) &&
-	      t->scans;
-	b->seen[b->n++] = (struct pt_seen){ index, nid, true, acc, kind, shared };
+	young = t->ops->pmd(t, vma, addr, pmdp,
+			    sample_region(t, b, index) && in_sample(t, addr >> HPAGE_PMD_SHIFT));
+	acc = young && t->scans;
+	b->seen[b->n++] = (struct pt_seen){ index, nid, true, acc, young, kind, shared };
 }
 
 /*
@@ -149,9 +150,14 @@ static void note_region(struct pagetier_target *t, const struct scan_batch *b)
 	unsigned long kinds = 0;
 	bool mixed = false;
 
+	/*
+	 * In use (PR_USED) from the Accessed bits, the first pass's too: its bits tell what was
+	 * used before the attach, so the first windowed pass reads those regions' tables even if
+	 * its window finds the program not running.
+	 */
 	for (i = 0; i < b->n; i++) {
 		mixed |= b->seen[i].node != node;
-		accessed += b->seen[i].accessed;
+		accessed += b->seen[i].young;
 		kinds |= (b->seen[i].kind == PT_KIND_SHMEM ? PR_SHMEM : 0) |
 			 (b->seen[i].kind == PT_KIND_FILE ? PR_FILE : 0) |
 			 (b->seen[i].shared ? PR_SHARED : 0);

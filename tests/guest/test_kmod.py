@@ -24,6 +24,8 @@ def test_version_and_sysfs(dev):
     assert record_size == uapi.RECORD_T.itemsize
     assert (kmod.SYSFS / "version").read_text().strip() == uapi.VERSION
     assert kmod.vermagic(kmod.module_path()).split()[0] == platform.release()
+    # abit's upper-level window is on by default
+    assert (kmod.SYSFS / "upper_window_ms").read_text().strip() == "20"
 
 
 @pytest.mark.parametrize("mode", ["fault", "abit"])

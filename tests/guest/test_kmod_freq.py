@@ -2,6 +2,9 @@
 one scan period, is 0 for untouched units, and leaves nothing marked after detach."""
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import pytest
 
@@ -9,7 +12,7 @@ from pagetier import uapi
 from pagetier.profiler import kmod
 from pagetier.workload import Workload
 
-from helpers import faults_in, targets, wait_scans
+from helpers import faults_in, targets, wait_scans, wait_until
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kmod_fresh")]
 
@@ -116,6 +119,50 @@ def test_untouched_units_have_no_freq(dev, mode):
     assert len(hot) == 1024 and np.all(hot["freq"] > 0), np.unique(hot["freq"])
     assert len(cold) == (32 - 4) * 256 and np.all(cold["freq"] == 0), np.unique(cold["freq"])
     assert np.all(off["freq"] == 0)
+
+
+@pytest.mark.parametrize("mode", ["fault", "abit"])
+def test_stopped_target_reads_no_freq_and_is_found_again(dev, mode):
+    """Probes on, abit with its 20 ms window: a target stopped (SIGSTOP) touches nothing, so
+    after the passes that follow every unit and every region reads freq 0, including the regions
+    a pass carried over without reading their table (whose pages were probed before the stop:
+    the workload's stack and data, and the cold pages --cold-rate touched). Once it runs again,
+    its hot units get estimates again."""
+    _numa_balancing_off()
+    args = ["--size", "32", "--hot", "4", "--hot-offset", "8", "--cold-rate", "200",
+            "--duration", "0", "--quiet", "--no-thp", "--no-verify"]
+    with Workload(*args) as w, _knob("upper_window_ms", 20):
+        hot_lo = w.ready["hot_addr"]
+        hot_hi = hot_lo + w.ready["hot_size"]
+        dev.attach(w.pid, mode, scan_period_ms=200)
+        stopped = False
+        try:
+            wait_scans(dev, w.pid, 4)
+            os.kill(w.pid, signal.SIGSTOP)
+            stopped = True
+            # the pass under way and the next may still see accesses from before the stop
+            st = wait_scans(dev, w.pid, 3)
+            rec = dev.read(w.pid)
+            reg = dev.read_regions(w.pid)
+            os.kill(w.pid, signal.SIGCONT)
+            stopped = False
+
+            def hot_estimated():
+                hot = _units(dev.read(w.pid), hot_lo, hot_hi)
+                return len(hot) == 1024 and np.all(hot["freq"] > 0)
+
+            wait_until(hot_estimated, 60, "hot units with a frequency after SIGCONT")
+        finally:
+            if stopped:
+                os.kill(w.pid, signal.SIGCONT)
+            dev.detach(w.pid)
+        assert w.stop() == 0
+    print(f"{mode}: {len(rec)} units, {len(reg)} regions, "
+          f"{int((reg['flags'] & uapi.REGION_IDLE != 0).sum())} carried over; "
+          f"regions_idle {st['regions_idle']}")
+    assert len(_units(rec, hot_lo, hot_hi)) == 1024
+    assert np.all(rec["freq"] == 0), np.unique(rec["freq"], return_counts=True)
+    assert np.all(reg["freq"] == 0), reg[reg["freq"] != 0]
 
 
 @pytest.mark.parametrize("thp", [True, False], ids=["thp", "nothp"])
