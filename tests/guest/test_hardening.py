@@ -124,6 +124,118 @@ def rmmod_under_load() -> None:
         kmod.load_module()  # the next tests need it whatever happened here
 
 
+@pytest.fixture
+def ext4(tmp_path):
+    """A directory on ext4 (an image on a loop device): page cache of a file system that
+    writes back, as bench live's file-mapped scenarios have."""
+    from pagetier.bench.live import FileSystem
+
+    fs = FileSystem(96, root=tmp_path / "fs")
+    yield fs.__enter__()
+    fs.__exit__(None, None, None)
+
+
+def _kind_workloads(ext4) -> tuple[list[Workload], list]:
+    """hotcold on shared memory, on a file mapped MAP_SHARED (its hot pages dirtied all the
+    time), on a file mapped MAP_PRIVATE (copies), and on a tmpfs segment two processes share;
+    with the files to check after they end."""
+    from pagetier.workload import Workload as W
+
+    common = ["--size", "16", "--hot", "8", "--duration", "0", "--quiet"]
+    seg = ext4.parent / "segment"  # tmp_path: the guest's /tmp is a tmpfs, its files shmem
+    ws = [W("--memory", "shmem", *common), W("--memory", f"file:{ext4 / 'shared'}", *common),
+          W("--memory", f"private:{ext4 / 'private'}", *common),
+          W("--memory", f"file:{seg}", *common)]
+    ws.append(W("--memory", f"file:{seg}", "--reuse", *common))
+    return ws, [ext4 / "shared", seg]
+
+
+def _stop_and_check(ws, files) -> None:
+    from pagetier.workload import check_file
+
+    rcs = [w.stop() for w in ws]
+    assert rcs == [0] * len(ws), f"a workload found its memory corrupt: {rcs}"
+    for f in files:
+        checked, bad = check_file(f, 16 << 20)
+        assert checked == 16 * 256 and bad == [], f"{f}: corrupt pages {bad[:20]}"
+
+
+def test_rmmod_under_load_on_shared_memory_and_files(ext4):
+    """rmmod while targets on shmem, a shared and a private file mapping and a segment two
+    processes share are attached and scanned fast (marked, in fault mode): no hinting fault
+    after it, every process's memory and the files intact."""
+    kinds_rmmod_under_load(ext4)
+
+
+@pytest.mark.long
+def test_rmmod_under_load_on_shared_memory_and_files_repeated(ext4):
+    for _ in range(5):
+        kinds_rmmod_under_load(ext4)
+
+
+def kinds_rmmod_under_load(ext4) -> None:
+    ws, files = _kind_workloads(ext4)
+    try:
+        dev = kmod.Device()
+        for i, w in enumerate(ws):
+            dev.attach(w.pid, ("fault", "abit")[i % 2 if i < 4 else 0], scan_period_ms=10)
+        for w in ws:
+            wait_scans(dev, w.pid, 3)
+        assert any(dev.stats(w.pid)["pages_shmem"] + dev.stats(w.pid)["pages_file"] > 0
+                   for w in ws)
+        dev.close()
+        kmod.unload_module()
+        faults = faults_in([w.pid for w in ws], 1.5)
+        assert faults == 0, f"{faults} hinting faults in the targets after rmmod"
+        _stop_and_check(ws, files)
+    finally:
+        for w in ws:
+            w.stop()
+        kmod.load_module()
+
+
+def test_attach_detach_cycles_on_shared_memory_and_files(ext4):
+    """Attach/detach cycles in both modes and several sample ratios, with reads and moves of
+    the hot pages between the nodes, against targets on shmem, file mappings and a shared
+    segment: every process's memory and the files intact, nothing left attached."""
+    kinds_attach_detach_cycles(ext4, 12, min_cycles=6)
+
+
+@pytest.mark.long
+def test_attach_detach_cycles_on_shared_memory_and_files_long(ext4):
+    kinds_attach_detach_cycles(ext4, 240, min_cycles=100)
+
+
+def kinds_attach_detach_cycles(ext4, seconds: float, min_cycles: int) -> None:
+    from pagetier.core import mover
+
+    ws, files = _kind_workloads(ext4)
+    dev = kmod.Device()
+    cycles = moved = 0
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            w = ws[cycles % len(ws)]
+            mode = ("fault", "abit")[(cycles // len(ws)) % 2]
+            dev.attach(w.pid, mode, scan_period_ms=10, sample_ratio=1 + cycles % 4)
+            wait_scans(dev, w.pid, 1 + cycles % 2)
+            rec = dev.read(w.pid, reset=bool(cycles % 2))
+            addrs = np.asarray(rec["addr"][:256], np.uint64)
+            if len(addrs):
+                res = mover.move(w.pid, addrs, cycles % 2)
+                moved += int(np.count_nonzero(res.moved))
+            dev.detach(w.pid)
+            cycles += 1
+        assert targets() == ""
+        _stop_and_check(ws, files)
+    finally:
+        dev.close()
+        for w in ws:
+            w.stop()
+    print(f"churn: {cycles} attach/detach cycles on shmem and file targets, {moved} units moved")
+    assert cycles >= min_cycles
+
+
 def test_closing_the_descriptor_detaches():
     """Targets attached through a descriptor are detached when it is closed, or when the
     process holding it is killed: nothing stays marked behind a dead profiler."""
