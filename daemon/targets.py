@@ -126,7 +126,7 @@ class Targets:
         self.pids.add(pid)
         tuning = getattr(self.profiler, "tuning", {}).get(pid)
         log.info("attached to pid %d (%s)%s", pid, self.name(pid),
-                 f": {tuning['why']}" if tuning else "")
+                 f": {tuning['why']}" if tuning and tuning.get("why") else "")
         return True
 
     def retune(self) -> None:

@@ -420,8 +420,10 @@ class KmodProfiler(Profiler):
         "shared_file_bytes", "anon_bytes"}; not settled while the target has under
         KINDS_MIN_BYTES of both (a program just started: see :meth:`retune`)."""
         out = {"sample_ratio": self.sample_ratio, "settled": True}
-        if self.kinds != "auto" or self.mode != "fault" or not self.has_kinds:
-            return dict(out, why="as configured (kinds off, abit mode or module before 0.5)")
+        if self.kinds != "auto":
+            return dict(out, why="")  # nothing chosen: nothing to say
+        if self.mode != "fault" or not self.has_kinds:
+            return dict(out, why="as configured (abit mode, or a module before 0.5)")
         if self.sample_ratio > 1 or self.page_budget:
             return dict(out, why="as configured (sample_ratio or page_budget given)")
         try:

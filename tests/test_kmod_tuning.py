@@ -147,3 +147,17 @@ def test_shared_mappings_reads_only_shared_file_and_shmem_mappings(tmp_path, mon
         "/maps") else p, *a, **k))
     assert targets.shared_mappings(1) == [(0x7f0000000000, 0x7f0000100000, ("00:01", "4242"),
                                            0x2000)]
+
+
+def test_with_kinds_off_the_attach_log_says_nothing_more(monkeypatch, caplog):
+    from pagetier.core.state import PageState
+    from pagetier.daemon.targets import Targets
+
+    p = profiler(monkeypatch, {3: 0}, kinds="off")
+    p.dev.kinds_pages[3] = 256 * MIB // 4096
+    tr = Targets(p, PageState())
+    with caplog.at_level(logging.INFO, "pagetier.daemon"):
+        assert tr.attach(3)
+    assert p.dev.calls == [("attach", 3, 0)]
+    [msg] = [r.getMessage() for r in caplog.records]
+    assert msg.startswith("attached to pid 3 (") and msg.endswith(")")
