@@ -102,3 +102,21 @@ def test_memory_arg_checks_the_kind():
     for bad in ("file", "private", "heap", "anon:/x"):
         with pytest.raises(ConfigError, match="anon, shmem, file:PATH or private:PATH"):
             workload.memory_arg(bad)
+
+
+def test_wait_takes_a_start_signal_sent_as_soon_as_ready_is_read():
+    """--wait: a SIGUSR1 sent the moment the ready line is read starts the run; it does not
+    end the process (the signals are blocked before the line is printed)."""
+    for _ in range(10):
+        p = subprocess.Popen([str(workload.binary()), "--size", str(SIZE_MB), "--hot", "2",
+                              "--duration", "0", "--wait", "--no-thp"],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert json.loads(p.stdout.readline())["event"] == "ready"
+            p.send_signal(signal.SIGUSR1)
+            assert json.loads(p.stdout.readline())["event"] == "tick"
+            p.terminate()
+            assert p.wait(timeout=30) == 0
+        finally:
+            p.kill()
+            p.wait()

@@ -298,6 +298,15 @@ int main(int argc, char **argv)
 	memset(status, 0xff, hot_pages * sizeof(int));
 	memset(pages, 0xff, hot_pages * sizeof(void *));
 	counters(buf, hot_first, hot_pages, seen);
+	/* --wait: the signals are blocked before "ready" is printed, so a SIGUSR1 sent as soon as
+	 * the line is read waits for sigwait below instead of ending the process */
+	sigset_t wait_set;
+	sigemptyset(&wait_set);
+	sigaddset(&wait_set, SIGUSR1);
+	sigaddset(&wait_set, SIGTERM);
+	sigaddset(&wait_set, SIGINT);
+	if (wait)
+		sigprocmask(SIG_BLOCK, &wait_set, NULL);
 	printf("{\"event\":\"ready\",\"pid\":%d,\"addr\":%lu,\"size\":%zu,\"hot_addr\":%lu,\"hot_size\":%zu,"
 	       "\"page_size\":%lu,\"memory\":\"%s\"}\n", getpid(), (unsigned long)buf, len,
 	       (unsigned long)(buf + hot_first * PAGE), hot_pages * PAGE, PAGE,
@@ -305,16 +314,10 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	if (wait) {
 		int sig = 0;
-		sigset_t set;
-		sigemptyset(&set);
-		sigaddset(&set, SIGUSR1);
-		sigaddset(&set, SIGTERM);
-		sigaddset(&set, SIGINT);
-		sigprocmask(SIG_BLOCK, &set, NULL);
 		if (!stop)
-			sigwait(&set, &sig);
+			sigwait(&wait_set, &sig);
 		stop = stop || sig != SIGUSR1;
-		sigprocmask(SIG_UNBLOCK, &set, NULL);
+		sigprocmask(SIG_UNBLOCK, &wait_set, NULL);
 	}
 
 	double t0 = now(), last = t0, frac_sum = 0, acc_frac_sum = 0, f = 0, wf = 0;
