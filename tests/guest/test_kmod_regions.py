@@ -136,10 +136,13 @@ def test_abit_window_reads_the_used_tables_under_noise(dev):
     print(f"entries per pass: {windowed:.0f} with a {window} ms window, {whole:.0f} without; "
           f"{tp}/{hot_pages.size} hot pages counted, {len(acc)} pages in all")
     assert tp >= 0.95 * hot_pages.size
-    # the 4 hot tables (2,048 PTEs) plus the few the noise hit in the window, and the upper
-    # levels; far fewer than the tables the noise hits between two passes
+    # the 4 hot tables (2,048 PTEs) plus the tables the noise hit in the window, and the upper
+    # levels; far fewer than the tables the noise hits between two passes. How many the noise
+    # reaches in a window grows with the workload's speed (6.12 on a quiet host: 49,305 entries
+    # with the window against 129,276 without; 11,674 against 58,116 on a loaded one), so the
+    # bound is against the pass without the window and against reading every table
     assert windowed < 0.5 * whole, (windowed, whole)
-    assert windowed < 0.25 * (w.ready["size"] // PAGE), windowed
+    assert windowed < 0.5 * (w.ready["size"] // PAGE), windowed
 
 
 @pytest.mark.parametrize("mode", ["fault", "abit"])
