@@ -15,9 +15,10 @@ UAPI_PACKAGED = "pagetier/include/linux/pagetier.h"
 # the C workloads (pagetier workload, the tests' and benchmarks' programs), built into the package
 WORKLOADS = "pagetier/workloads"
 WORKLOAD_PROGS = ("hotcold", "churn")
-# the compiled sorted lookups (pagetier/core/sorted_find.py loads the library with ctypes)
+# the daemon's compiled helpers (pagetier/core/sorted_find.py and row_merge.py load them with
+# ctypes)
 NATIVE = "pagetier/core/native"
-NATIVE_LIB = "libsorted_find.so"
+NATIVE_LIBS = ("libsorted_find.so", "librow_merge.so")
 _uapi = (HERE / UAPI_HEADER).read_text()
 VERSION = ".".join(
     re.search(rf"#define PAGETIER_VERSION_{p}\s+(\d+)", _uapi).group(1)
@@ -56,14 +57,14 @@ class BuildPy(build_py):
         r = subprocess.run(["make", "-s", "-C", str(HERE / NATIVE), f"OUT={out.resolve()}"],
                            capture_output=True, text=True)
         if r.returncode != 0:
-            raise SystemExit(f"pagetier: building the sorted lookups ({NATIVE}) failed:\n"
+            raise SystemExit(f"pagetier: building the compiled helpers ({NATIVE}) failed:\n"
                              f"{r.stdout}{r.stderr}")
 
     def get_outputs(self, include_bytecode=True):
         lib = Path(self.build_lib)
         return [*super().get_outputs(include_bytecode), str(lib / UAPI_PACKAGED),
                 *(str(lib / WORKLOADS / "bin" / p) for p in WORKLOAD_PROGS),
-                str(lib / NATIVE / "lib" / NATIVE_LIB)]
+                *(str(lib / NATIVE / "lib" / n) for n in NATIVE_LIBS)]
 
 
 class BinaryDistribution(Distribution):

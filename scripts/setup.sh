@@ -2,7 +2,7 @@
 # pagetier set-up: idempotent. Installs every Debian and PyPI dependency, creates the virtual
 # environment in .venv (on Debian's own Python, so that Debian's bcc imports in it), and builds
 # kmod/ for every installed Debian kernel, the C workloads (pagetier/workloads) into build/bin and
-# the daemon's sorted lookups (pagetier/core/native) into build/native.
+# the daemon's compiled helpers (pagetier/core/native) into build/native.
 #
 # Usage: scripts/setup.sh [--no-apt]
 set -euo pipefail
@@ -85,6 +85,6 @@ install_venv
 build_kmod
 log "building the built-in workloads into build/bin"
 make -s -C pagetier/workloads OUT="$top/build/bin"
-log "building the daemon's sorted lookups into build/native"
+log "building the daemon's compiled helpers into build/native"
 make -s -C pagetier/core/native OUT="$top/build/native"
 log "done: activate with 'source .venv/bin/activate', or run .venv/bin/pagetier"

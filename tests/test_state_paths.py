@@ -5,7 +5,7 @@ keys (pagetier/core/state.py, policies/rules/arrays.py, policies/rules/view.py).
 import numpy as np
 import pytest
 
-from pagetier.core import state as state_mod
+from pagetier.core import row_merge, state as state_mod
 from pagetier.core.state import PageState, union
 from pagetier.policies.rules.arrays import member_sorted
 from pagetier.policies.rules.view import PageView
@@ -41,7 +41,9 @@ def test_member_sorted_is_isin(na, nb):
 def test_direct_lookups_after_noisy_reads_find_the_same_units(monkeypatch):
     """Reads with most of their units outside the last interval's (noise anywhere) switch the
     lookup to a direct search of every key; the state must end as one that always searches
-    the last interval's units first."""
+    the last interval's units first. (numpy's lookup: the compiled one, pagetier/core/row_merge.py,
+    gallops through every key.)"""
+    monkeypatch.setattr(row_merge, "_LIB", None)
     rng = np.random.default_rng(1)
     universe = 0x7F0000000000 + np.arange(40_000, dtype=np.uint64) * 4096
     direct, two_stage = PageState(), PageState()

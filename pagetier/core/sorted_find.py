@@ -25,8 +25,8 @@ HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "native" / "sorted_find.c"
 LIB_NAME = "libsorted_find.so"
 _ROOT = HERE.parent.parent
-_CHECKOUT = (_ROOT / "setup.py").is_file() and (_ROOT / "kmod").is_dir()
-LIB_PATH = (_ROOT / "build" / "native" if _CHECKOUT else HERE / "native" / "lib") / LIB_NAME
+CHECKOUT = (_ROOT / "setup.py").is_file() and (_ROOT / "kmod").is_dir()
+LIB_PATH = (_ROOT / "build" / "native" if CHECKOUT else HERE / "native" / "lib") / LIB_NAME
 
 _P = ctypes.c_void_p
 _N = ctypes.c_int64
@@ -51,7 +51,7 @@ def load(path: Path = LIB_PATH) -> _Lib | None:
     """The library at ``path``, or None when it is not built (or, in a checkout, older than
     its source)."""
     try:
-        if _CHECKOUT and path.stat().st_mtime < SOURCE.stat().st_mtime:
+        if CHECKOUT and path.stat().st_mtime < SOURCE.stat().st_mtime:
             return None  # stale: scripts/setup.sh builds it again
         return _Lib(ctypes.CDLL(str(path)))
     except (OSError, AttributeError):  # AttributeError: a library without a function

@@ -40,6 +40,9 @@ Cost per interval: what the interval's samples hold, not what is tracked.
   in place (one copy of the arrays when a sample brings new units). A *complete* sample (every
   unit the profiler tracks) also forgets the target's units it lacks (unmapped): that costs
   the target's units, and a reader takes complete samples only now and then (daemon/loop.py).
+  When the compiled helpers are built (pagetier/core/row_merge.py), an accessed-only read's
+  lookup and node check are one pass over its keys and the state's rows, its accesses'
+  updates another, and the candidates' pruning one more; numpy does the same otherwise.
   A complete sample of a span of addresses (``Sample.span``: one part of the address space)
   forgets the target's units in that span only; :meth:`PageState.sync` takes one for the units
   it lists (which exist, their nodes and sizes) without their counts, so a reader can take one
@@ -59,7 +62,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagetier.core import sorted_find
+from pagetier.core import row_merge, sorted_find
 from pagetier.core.arrays import unique
 from pagetier.core.sample import Sample
 
@@ -366,14 +369,27 @@ class PageState:
             a["flags"][self._cand] |= np.uint8(F_CAND)
             self._cand_floor = x
         else:
-            h = a["heat"][self._cand]
-            keep = h * s >= x
-            if not keep.all():
-                self._out += float(h[~keep].sum(dtype=np.float64))
-                a["flags"][self._cand[~keep]] &= np.uint8(~F_CAND & 0xFF)
-                self._cand = self._cand[keep]
+            self._prune(s, x)
             self._cand_floor = x
         return self._cand, max(0.0, self._out) * self.scale
+
+    def _prune(self, s: np.float32, x: float) -> None:
+        """The candidates whose heat (stored times ``s``) fell below ``x`` leave the set, their
+        stored heat joins the sum of the rest: one compiled pass over their rows when built."""
+        a = self._a
+        got = row_merge.prune(a, self._cand, s, np.float32(x))
+        if got is not None:
+            kept, dropped = got
+            if len(dropped):
+                self._out += float(dropped.sum(dtype=np.float64))
+                self._cand = kept
+            return
+        h = a["heat"][self._cand]
+        keep = h * s >= x
+        if not keep.all():
+            self._out += float(h[~keep].sum(dtype=np.float64))
+            a["flags"][self._cand[~keep]] &= np.uint8(~F_CAND & 0xFF)
+            self._cand = self._cand[keep]
 
     def in_candidates(self, idx: np.ndarray) -> np.ndarray:
         """Boolean: which of units ``idx`` are in the set :meth:`hotter_than` last returned
@@ -648,8 +664,30 @@ class PageState:
             return
         rate = rates()
         keys = unit_keys(t, addr)
+        pos, found = self._merge_found(keys, count, rate, node, npages, region, trust_moves)
+        # new units
+        new = ~found
+        if new.any():
+            self._add_units(t, pos[new], keys[new], addr[new], count[new], rate[new], node[new],
+                            npages[new], None if region is None else region[new])
+        self._forget_covered()
+
+    def _merge_found(self, keys: np.ndarray, count: np.ndarray, rate: np.ndarray,
+                     node: np.ndarray, npages: np.ndarray, region: np.ndarray | None,
+                     trust_moves: int) -> tuple[np.ndarray, np.ndarray]:
+        """Merge a read's units that exist (``keys`` sorted): their nodes and sizes, then their
+        accesses. Returns (each key's unit or where it would go, whether it exists)."""
+        got = row_merge.lookup_rows(self.keys(), keys, self._a, node, npages, region)
+        if got is not None:  # compiled: one pass each for the lookup and the accesses
+            pos, found, changed = got
+            if changed.any():
+                self._take_nodes(pos[changed], node[changed], npages[changed], trust_moves,
+                                 None if region is None else region[changed])
+            idx, f_count, f_rate = _kept(found, pos, count, rate)
+            if len(idx):
+                self._add_accesses_native(idx, f_count, f_rate)
+            return pos, found
         pos, found = self._lookup(keys)
-        # existing units
         idx, f_count, f_rate, f_node, f_npages = _kept(found, pos, count, rate, node, npages)
         if len(idx):
             rows = np.take(self._a, idx)  # gathered once for both steps
@@ -657,12 +695,7 @@ class PageState:
                                None if region is None else region[found], trust_moves, rows)
             hit = (f_count > 0) | (f_rate > 0)
             self._add_accesses(*_kept(hit, idx, f_count, f_rate, rows))
-        # new units
-        new = ~found
-        if new.any():
-            self._add_units(t, pos[new], keys[new], addr[new], count[new], rate[new], node[new],
-                            npages[new], None if region is None else region[new])
-        self._forget_covered()
+        return pos, found
 
     def sync(self, sample: Sample, trust_moves: int = 0) -> None:
         """Take a complete sample of part of a target's address space (``sample.span``; None:
@@ -831,6 +864,26 @@ class PageState:
         r["last_access"] = self.interval
         self._join_candidates(acc, before, r["flags"])
         np.put(a, acc, r)
+        if self._pools:
+            self._pool_changed(acc)
+        self._touched = union(self._touched, acc)
+
+    def _add_accesses_native(self, idx: np.ndarray, count: np.ndarray,
+                             rate: np.ndarray) -> None:
+        """:meth:`_add_accesses` of units ``idx`` (sorted unique) with a count or a rate, in
+        one compiled pass over their rows (pagetier.core.row_merge), or by numpy."""
+        got = row_merge.add_accesses(self._a, idx, count, rate, np.float32(self.scale),
+                                     self.interval, self._cand is not None)
+        if got is None:
+            hit = (count > 0) | (rate > 0)
+            self._add_accesses(*_kept(hit, idx, count, rate))
+            return
+        acc, before, joined = got
+        if not len(acc):
+            return
+        if joined is not None and joined.any():
+            self._out -= float(before[joined].sum(dtype=np.float64))
+            self._cand = union(self._cand, acc[joined])
         if self._pools:
             self._pool_changed(acc)
         self._touched = union(self._touched, acc)

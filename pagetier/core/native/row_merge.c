@@ -1,0 +1,119 @@
+/* PageState's per-row passes for pagetier.core.row_merge, loaded with ctypes (no Python
+ * headers). The rows are PageState's 36-byte records (pagetier/core/state.py: DTYPE); the
+ * caller passes each field's byte offset in `off` (OFF_* below), so the layout lives in one
+ * place. Each function does in one pass over a read's or the candidates' rows what numpy does
+ * in a gather, a pass per field and a scatter.
+ *
+ * Arithmetic is float32 as numpy's on the same fields (no -ffast-math): the same bits.
+ */
+#include <stdint.h>
+#include <string.h>
+
+enum { OFF_HEAT, OFF_RATE, OFF_COUNT, OFF_LAST_ACCESS, OFF_NPAGES, OFF_NODE, OFF_FLAGS, NOFF };
+
+#define F_CAND 8
+#define F_REGION 16
+
+#define FIELD(rows, stride, i, off, type) ((type *)((rows) + (i) * (stride) + (off)))
+
+/* lookup_rows(keys, n, x, m, rows, stride, off, node, npages, region, pos, found, changed):
+ * for sorted unique keys[n] (the rows' keys) and strictly increasing x[m] (a read's keys):
+ * pos[i] = np.searchsorted(keys, x[i]), found[i] whether keys[pos[i]] == x[i], and for a found
+ * one changed[i] whether the read's node or npages (or, region not NULL, region flag) differ
+ * from the row's. Each search gallops forward from the last key's place.
+ * Returns how many changed, or -1 (nothing written that counts) when x is not strictly
+ * increasing: the caller takes numpy's way. */
+int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m,
+		    const uint8_t *rows, int64_t stride, const int64_t *off, const int16_t *node,
+		    const uint16_t *npages, const uint8_t *region, int64_t *pos, uint8_t *found,
+		    uint8_t *changed)
+{
+	int64_t lo = 0, nch = 0;
+	for (int64_t i = 0; i < m; i++) {
+		uint64_t v = x[i];
+		if (i && v <= x[i - 1])
+			return -1;
+		int64_t step = 1, hi = lo;
+		while (hi < n && keys[hi] < v) { /* gallop: keys[lo - 1] < v */
+			lo = hi + 1;
+			hi += step;
+			step <<= 1;
+		}
+		if (hi > n)
+			hi = n;
+		while (lo < hi) {
+			int64_t mid = lo + ((hi - lo) >> 1);
+			if (keys[mid] < v)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		pos[i] = lo;
+		found[i] = lo < n && keys[lo] == v;
+		changed[i] = 0;
+		if (!found[i])
+			continue;
+		int ch = *FIELD(rows, stride, lo, off[OFF_NODE], int8_t) != node[i] ||
+			 *FIELD(rows, stride, lo, off[OFF_NPAGES], uint16_t) != npages[i];
+		if (region)
+			ch |= ((*FIELD(rows, stride, lo, off[OFF_FLAGS], uint8_t) & F_REGION) != 0) !=
+			      (region[i] != 0);
+		changed[i] = (uint8_t)ch;
+		nch += ch;
+	}
+	return nch;
+}
+
+/* add_accesses(rows, stride, off, idx, m, count, rate, scale, interval, cand, acc, before,
+ * joined): rows idx[m] (sorted unique) take a read's accesses: those with count[i] > 0 or
+ * rate[i] > 0 get count += count[i], rate += rate[i], heat += rate[i] / scale (heat is
+ * stored divided by the global scale), last_access = interval. Their indices go to acc, their
+ * stored heat before to before; with cand set, joined[k] says whether acc[k] was outside the
+ * candidate set (its F_CAND flag clear; now set). Returns how many were accessed. */
+int64_t add_accesses(uint8_t *rows, int64_t stride, const int64_t *off, const int64_t *idx,
+		     int64_t m, const uint32_t *count, const float *rate, float scale,
+		     int32_t interval, int32_t cand, int64_t *acc, float *before, uint8_t *joined)
+{
+	int64_t k = 0;
+	for (int64_t i = 0; i < m; i++) {
+		if (!(count[i] > 0 || rate[i] > 0))
+			continue;
+		int64_t j = idx[i];
+		float *heat = FIELD(rows, stride, j, off[OFF_HEAT], float);
+		float add = rate[i] / scale;
+		*FIELD(rows, stride, j, off[OFF_COUNT], uint32_t) += count[i];
+		*FIELD(rows, stride, j, off[OFF_RATE], float) += rate[i];
+		before[k] = *heat;
+		*heat = *heat + add;
+		*FIELD(rows, stride, j, off[OFF_LAST_ACCESS], int32_t) = interval;
+		if (cand) {
+			uint8_t *flags = FIELD(rows, stride, j, off[OFF_FLAGS], uint8_t);
+			joined[k] = (*flags & F_CAND) == 0;
+			*flags |= F_CAND;
+		}
+		acc[k++] = j;
+	}
+	return k;
+}
+
+/* prune(rows, stride, off, cand, n, scale, floor, dropped): the candidates cand[n] whose heat
+ * (stored heat times scale, as float32) fell below floor leave: cand is compacted in place,
+ * their F_CAND flags cleared, their stored heats written to dropped in order. Returns how many
+ * stay. */
+int64_t prune(uint8_t *rows, int64_t stride, const int64_t *off, int64_t *cand, int64_t n,
+	      float scale, float floor, float *dropped)
+{
+	int64_t k = 0, d = 0;
+	for (int64_t i = 0; i < n; i++) {
+		int64_t j = cand[i];
+		float h = *FIELD(rows, stride, j, off[OFF_HEAT], float);
+		float p = h * scale;
+		if (p >= floor) {
+			cand[k++] = j;
+		} else {
+			dropped[d++] = h;
+			*FIELD(rows, stride, j, off[OFF_FLAGS], uint8_t) &= (uint8_t)~F_CAND;
+		}
+	}
+	return k;
+}

@@ -1,0 +1,156 @@
+"""PageState's passes over its rows in compiled code, when it is built; None otherwise (the
+state then does the same with numpy, to the same bits).
+
+At 1 TiB in region units an interval's read brings about 54,000 accessed units among 524,288,
+and the state keeps about 55,000 candidates. numpy looks up the read's keys, gathers the units'
+36-byte rows, compares nodes and sizes, updates five fields and scatters the rows back: a pass
+over scattered rows for each step. Here each is one pass:
+
+- :func:`lookup_rows`: each key's place among the state's sorted keys (a merge-join, as
+  pagetier.core.sorted_find), and whether a found unit's node, size or region flag differ from
+  the read's;
+- :func:`add_accesses`: the accessed units' count, rate, heat and last access, and which of
+  them join the candidate set;
+- :func:`prune`: the candidates whose heat decayed below the floor leave the set.
+
+The library (native/row_merge.c, loaded with ctypes) is built beside the sorted lookups'
+(see pagetier.core.sorted_find); PAGETIER_NO_NATIVE switches both off.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pagetier.core import sorted_find
+
+SOURCE = sorted_find.HERE / "native" / "row_merge.c"
+LIB_NAME = "librow_merge.so"
+LIB_PATH = sorted_find.LIB_PATH.parent / LIB_NAME
+# the fields' byte offsets, in the order of row_merge.c's OFF_*
+FIELDS = ("heat", "rate", "count", "last_access", "npages", "node", "flags")
+
+_P = ctypes.c_void_p
+_N = ctypes.c_int64
+
+
+class _Lib:
+    def __init__(self, lib: ctypes.CDLL):
+        self.lookup_rows = lib.lookup_rows
+        self.lookup_rows.argtypes = [_P, _N, _P, _N, _P, _N, _P, _P, _P, _P, _P, _P, _P]
+        self.lookup_rows.restype = _N
+        self.add_accesses = lib.add_accesses
+        self.add_accesses.argtypes = [_P, _N, _P, _P, _N, _P, _P, ctypes.c_float,
+                                      ctypes.c_int32, ctypes.c_int32, _P, _P, _P]
+        self.add_accesses.restype = _N
+        self.prune = lib.prune
+        self.prune.argtypes = [_P, _N, _P, _P, _N, ctypes.c_float, ctypes.c_float, _P]
+        self.prune.restype = _N
+
+
+def load(path: Path = LIB_PATH) -> _Lib | None:
+    """The library at ``path``, or None when it is not built (or, in a checkout, older than
+    its source)."""
+    try:
+        if sorted_find.CHECKOUT and path.stat().st_mtime < SOURCE.stat().st_mtime:
+            return None  # stale: scripts/setup.sh builds it again
+        return _Lib(ctypes.CDLL(str(path)))
+    except (OSError, AttributeError):
+        return None
+
+
+_LIB = None if os.environ.get("PAGETIER_NO_NATIVE") else load()
+_OFFSETS: dict = {}  # dtype -> int64 offsets of FIELDS
+
+
+def native() -> bool:
+    """Whether the compiled row passes are in use."""
+    return _LIB is not None
+
+
+def _layout(a: np.ndarray):
+    """(the offsets array, the row stride) for ``a`` when the library can work on it in
+    place (C-contiguous rows holding FIELDS in their types), else None."""
+    if _LIB is None or not a.flags.c_contiguous or a.dtype.names is None:
+        return None
+    off = _OFFSETS.get(a.dtype)
+    if off is None:
+        want = {"heat": np.float32, "rate": np.float32, "count": np.uint32,
+                "last_access": np.int32, "npages": np.uint16, "node": np.int8,
+                "flags": np.uint8}
+        f = a.dtype.fields
+        if any(n not in f or f[n][0] != np.dtype(t) for n, t in want.items()):
+            return None
+        off = np.array([f[n][1] for n in FIELDS], np.int64)
+        _OFFSETS[a.dtype] = off
+    return off, a.dtype.itemsize
+
+
+def _c(x: np.ndarray, dtype) -> np.ndarray | None:
+    x = np.asarray(x)
+    return np.ascontiguousarray(x) if x.dtype == dtype and x.ndim == 1 else None
+
+
+def lookup_rows(keys: np.ndarray, x: np.ndarray, a: np.ndarray, node: np.ndarray,
+                npages: np.ndarray, region: np.ndarray | None):
+    """(positions as ``np.searchsorted(keys, x)``, found, changed: a found unit whose row in
+    ``a`` has another node or npages than ``node``/``npages``, or, ``region`` given, another
+    region flag) for ``keys`` (uint64, sorted unique: ``a``'s keys) and ``x`` (uint64); None
+    when the library cannot do it (not built, other types, ``x`` not strictly increasing)."""
+    lay = _layout(a)
+    args = (_c(keys, np.uint64), _c(x, np.uint64), _c(node, np.int16), _c(npages, np.uint16))
+    reg = None if region is None else _c(region, np.bool_)
+    if lay is None or any(v is None for v in args) or (region is not None and reg is None):
+        return None
+    keys, x, node, npages = args
+    if len(keys) != len(a) or len(node) != len(x) or len(npages) != len(x):
+        return None
+    m = len(x)
+    pos = np.empty(m, np.int64)
+    found = np.empty(m, bool)
+    changed = np.empty(m, bool)
+    k = _LIB.lookup_rows(keys.ctypes.data, len(keys), x.ctypes.data, m, a.ctypes.data, lay[1],
+                         lay[0].ctypes.data, node.ctypes.data, npages.ctypes.data,
+                         None if reg is None else reg.ctypes.data, pos.ctypes.data,
+                         found.ctypes.data, changed.ctypes.data)
+    if k < 0:
+        return None
+    return pos, found, changed
+
+
+def add_accesses(a: np.ndarray, idx: np.ndarray, count: np.ndarray, rate: np.ndarray,
+                 scale: np.float32, interval: int, cand: bool):
+    """Rows ``idx`` (int64, sorted unique) of ``a`` with ``count[i] > 0`` or ``rate[i] > 0``
+    take the accesses in place: count and rate added, heat plus rate / scale, last access
+    ``interval``; with ``cand``, their candidate flag set. Returns (their indices, their
+    stored heat before, whether each joined the candidates: None without ``cand``), or None
+    when the library cannot do it."""
+    lay = _layout(a)
+    idx, count, rate = _c(idx, np.int64), _c(count, np.uint32), _c(rate, np.float32)
+    if lay is None or idx is None or count is None or rate is None:
+        return None
+    m = len(idx)
+    acc = np.empty(m, np.int64)
+    before = np.empty(m, np.float32)
+    joined = np.empty(m, bool)
+    k = _LIB.add_accesses(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data, m,
+                          count.ctypes.data, rate.ctypes.data, float(scale), int(interval),
+                          int(cand), acc.ctypes.data, before.ctypes.data, joined.ctypes.data)
+    return acc[:k], before[:k], (joined[:k] if cand else None)
+
+
+def prune(a: np.ndarray, cand: np.ndarray, scale: np.float32, floor: np.float32):
+    """(the candidates ``cand`` (int64) whose heat, stored heat times ``scale`` as float32, is
+    at least ``floor``; the stored heats of the others, in order), the others' candidate flags
+    cleared in ``a``; None when the library cannot do it."""
+    lay = _layout(a)
+    c = _c(cand, np.int64)
+    if lay is None or c is None:
+        return None
+    c = c.copy()
+    dropped = np.empty(len(c), np.float32)
+    k = _LIB.prune(a.ctypes.data, lay[1], lay[0].ctypes.data, c.ctypes.data, len(c),
+                   float(scale), float(floor), dropped.ctypes.data)
+    return c[:k], dropped[:len(c) - k]

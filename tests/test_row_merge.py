@@ -1,0 +1,124 @@
+"""The compiled row passes (pagetier/core/row_merge.py) leave a PageState exactly as numpy
+does: the same rows to the bit, the same candidates, the same heat of the rest, the same
+touched units, over reads that bring new units, new nodes and sizes, regions, heat that decays
+below the candidates' floor, and reads the library declines (unsorted, other types)."""
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from pagetier.core import row_merge
+from pagetier.core.sample import Sample
+from pagetier.core.state import PageState
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """The library, built here from the source (not whatever build/ holds)."""
+    if shutil.which("make") is None or shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    out = tmp_path_factory.mktemp("native")
+    subprocess.run(["make", "-s", "-C", str(row_merge.SOURCE.parent), f"OUT={out}"], check=True)
+    lib = row_merge.load(out / row_merge.LIB_NAME)
+    assert lib is not None
+    return lib
+
+
+BASE = 0x7F0000000000
+
+
+def reads(seed: int, units: int = 4000, intervals: int = 30):
+    """Each interval's reads: accessed-only reads of a drifting hot set plus noise, with
+    nodes and sizes that change now and then, regions, and a complete read every 8."""
+    rng = np.random.default_rng(seed)
+    addr = np.uint64(BASE) + np.arange(units, dtype=np.uint64) * np.uint64(2 << 20)
+    node = rng.integers(0, 2, units).astype(np.int16)
+    npages = np.full(units, 512, np.uint16)
+    region = rng.random(units) < 0.7
+    hot = rng.choice(units, units // 10, replace=False)
+    for i in range(intervals):
+        hot[rng.integers(0, len(hot), 20)] = rng.integers(0, units, 20)
+        flip = rng.integers(0, units, 30)
+        node[flip] = 1 - node[flip]
+        npages[rng.integers(0, units, 5)] = rng.choice([1, 512], 5)
+        region[rng.integers(0, units, 5)] ^= True
+        sel = np.unique(np.concatenate([hot, rng.integers(0, units, 50)]))
+        sel = sel[sel < units - (i % 3) * 100]  # some units seen for the first time later
+        count = rng.integers(0, 40, len(sel)).astype(np.uint32)
+        out = []
+        freq = rng.random(len(sel)).astype(np.float32) * 100 if i % 4 == 1 else None
+        s = Sample(pid=1, addr=addr[sel], count=count, node=node[sel], npages=npages[sel],
+                   region=region[sel], **({} if freq is None else {"freq": freq}))
+        if i % 5 == 2:  # out of order: numpy's way
+            p = rng.permutation(len(sel))
+            s = Sample(pid=1, addr=s.addr[p], count=count[p], node=s.node[p],
+                       npages=s.npages[p], region=s.region[p])
+        out.append((s, {"trust_moves": 2 if i % 2 else 0}))
+        if i % 8 == 7:
+            c = np.zeros(units, np.uint32)
+            c[sel] = count
+            out.append((Sample(pid=1, addr=addr, count=c, node=node, npages=npages,
+                               region=region, complete=True), {}))
+        yield out
+
+
+def run(lib, monkeypatch, seed: int, decay: float, floors):
+    monkeypatch.setattr(row_merge, "_LIB", lib)
+    st = PageState(decay=decay)
+    seen = []
+    for i, rs in enumerate(reads(seed)):
+        st.begin_interval()
+        for s, kw in rs:
+            st.update(s, **kw)
+        cand, rest = st.hotter_than(floors[i % len(floors)])
+        if i % 6 == 3:
+            st.record_moves(cand[:5], 0)
+        seen.append((cand.copy(), rest, st.touched().copy()))
+    return st, seen
+
+
+@pytest.mark.parametrize("seed,decay,floors", [(1, 0.5, [1.0]), (2, 0.5, [0.5, 2.0, 8.0]),
+                                               (3, 0.0, [1.0]), (4, 0.9, [3.0, 0.25])])
+def test_state_the_same_with_and_without_the_library(compiled, monkeypatch, seed, decay, floors):
+    a, seen_a = run(compiled, monkeypatch, seed, decay, floors)
+    b, seen_b = run(None, monkeypatch, seed, decay, floors)
+    assert a.a.tobytes() == b.a.tobytes()
+    assert a.scale == b.scale
+    for (ca, ra, ta), (cb, rb, tb) in zip(seen_a, seen_b):
+        np.testing.assert_array_equal(ca, cb)
+        assert ra == rb
+        np.testing.assert_array_equal(ta, tb)
+
+
+def test_library_used_on_a_sorted_read_and_declines_an_unsorted_one(compiled, monkeypatch):
+    monkeypatch.setattr(row_merge, "_LIB", compiled)
+    st = PageState()
+    addr = np.uint64(BASE) + np.arange(10, dtype=np.uint64) * np.uint64(4096)
+    st.update(Sample(pid=1, addr=addr, count=np.ones(10, np.uint32),
+                     node=np.zeros(10, np.int16), npages=np.ones(10, np.uint16)))
+    keys, a = st.keys(), st.a
+    node, npages = np.zeros(3, np.int16), np.array([1, 512, 1], np.uint16)
+    pos, found, changed = row_merge.lookup_rows(keys, keys[[1, 4, 9]], a, node, npages, None)
+    np.testing.assert_array_equal(pos, [1, 4, 9])
+    assert found.all() and changed.tolist() == [False, True, False]
+    assert row_merge.lookup_rows(keys, keys[[4, 1, 9]], a, node, npages, None) is None
+    assert row_merge.lookup_rows(keys, keys[[1, 4, 9]], a, node.astype(np.int64), npages,
+                                 None) is None
+
+
+def test_prune_keeps_heat_at_the_floor_as_numpy_compares(compiled, monkeypatch):
+    """The floor is compared in float32, as numpy compares a float32 column with a float."""
+    monkeypatch.setattr(row_merge, "_LIB", compiled)
+    st = PageState()
+    n = 6
+    addr = np.uint64(BASE) + np.arange(n, dtype=np.uint64) * np.uint64(4096)
+    st.update(Sample(pid=1, addr=addr, count=np.zeros(n, np.uint32),
+                     node=np.zeros(n, np.int16), npages=np.ones(n, np.uint16)))
+    x = 0.1000000010  # above float32(0.1) as a double, equal to it as a float32
+    st.a["heat"] = np.array([0.1, 0.0999999, 0.2, 0.1, 0.05, 1.0], np.float32)
+    st.hotter_than(0.05)
+    cand, rest = st.hotter_than(x)
+    h = st.a["heat"]
+    np.testing.assert_array_equal(cand, np.flatnonzero(h >= x))
+    assert rest == pytest.approx(float(h[h < np.float32(x)].sum(dtype=np.float64)))
