@@ -122,3 +122,15 @@ def test_prune_keeps_heat_at_the_floor_as_numpy_compares(compiled, monkeypatch):
     h = st.a["heat"]
     np.testing.assert_array_equal(cand, np.flatnonzero(h >= x))
     assert rest == pytest.approx(float(h[h < np.float32(x)].sum(dtype=np.float64)))
+
+
+def test_take_rows_is_take(compiled, monkeypatch):
+    monkeypatch.setattr(row_merge, "_LIB", compiled)
+    st, _ = run(compiled, monkeypatch, 5, 0.5, [1.0])
+    rng = np.random.default_rng(0)
+    for idx in (rng.integers(0, len(st), 5000), np.arange(0), np.sort(rng.choice(len(st), 300))):
+        got = row_merge.take_rows(st.a, idx)
+        assert got.tobytes() == np.take(st.a, idx).tobytes()
+    assert row_merge.take_rows(st.a, np.array([0, len(st)])) is None  # out of range: numpy's
+    assert row_merge.take_rows(st.a, np.array([-1, 0])) is None
+    np.testing.assert_array_equal(st.rows(np.array([-1])), st.rows(np.array([len(st) - 1])))

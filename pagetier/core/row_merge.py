@@ -11,7 +11,9 @@ over scattered rows for each step. Here each is one pass:
   the read's;
 - :func:`add_accesses`: the accessed units' count, rate, heat and last access, and which of
   them join the candidate set;
-- :func:`prune`: the candidates whose heat decayed below the floor leave the set.
+- :func:`prune`: the candidates whose heat decayed below the floor leave the set;
+- :func:`take_rows`: a copy of some units' rows (the decision's columns), each row fetched
+  ahead of its copy.
 
 The library (native/row_merge.c, loaded with ctypes) is built beside the sorted lookups'
 (see pagetier.core.sorted_find); PAGETIER_NO_NATIVE switches both off.
@@ -48,6 +50,9 @@ class _Lib:
         self.prune = lib.prune
         self.prune.argtypes = [_P, _N, _P, _P, _N, ctypes.c_float, ctypes.c_float, _P]
         self.prune.restype = _N
+        self.take_rows = lib.take_rows
+        self.take_rows.argtypes = [_P, _N, _P, _N, _P]
+        self.take_rows.restype = None
 
 
 def load(path: Path = LIB_PATH) -> _Lib | None:
@@ -154,3 +159,16 @@ def prune(a: np.ndarray, cand: np.ndarray, scale: np.float32, floor: np.float32)
     k = _LIB.prune(a.ctypes.data, lay[1], lay[0].ctypes.data, c.ctypes.data, len(c),
                    float(scale), float(floor), dropped.ctypes.data)
     return c[:k], dropped[:len(c) - k]
+
+
+def take_rows(a: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
+    """``np.take(a, idx)`` for int64 ``idx``; None when the library cannot do it (or an index
+    is out of ``range(len(a))``: numpy's way then wraps or raises)."""
+    if _LIB is None or not a.flags.c_contiguous or a.ndim != 1:
+        return None
+    idx = _c(idx, np.int64)
+    if idx is None or (len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= len(a))):
+        return None
+    out = np.empty(len(idx), a.dtype)
+    _LIB.take_rows(a.ctypes.data, a.dtype.itemsize, idx.ctypes.data, len(idx), out.ctypes.data)
+    return out

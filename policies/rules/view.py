@@ -71,17 +71,22 @@ class Units:
         """Add state units ``more`` (sorted) to the set; returns where each old position went."""
         idx, remap, added = union_remap(self.idx, more)
         self.idx = idx
-        if self._keys is not None:
-            keys = np.empty(len(idx), self._keys.dtype)
-            keys[remap] = self._keys
-            keys[added] = self.view.keys(idx[added])
-            self._keys = keys
-        for name, got in zip(COLUMNS, self.view.columns(idx[added])):
-            was = getattr(self, name)
+        # the old positions are all but the added ones, in order: two masked copies, cheaper
+        # than scattering through remap and added
+        new = np.zeros(len(idx), bool)
+        new[added] = True
+        old = ~new
+
+        def merged(was: np.ndarray, got: np.ndarray) -> np.ndarray:
             col = np.empty(len(idx), was.dtype)
-            col[remap] = was
-            col[added] = got
-            setattr(self, name, col)
+            col[old] = was
+            col[new] = got
+            return col
+
+        if self._keys is not None:
+            self._keys = merged(self._keys, self.view.keys(idx[added]))
+        for name, got in zip(COLUMNS, self.view.columns(idx[added])):
+            setattr(self, name, merged(getattr(self, name), got))
         return remap
 
 

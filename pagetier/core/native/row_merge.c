@@ -16,6 +16,12 @@ enum { OFF_HEAT, OFF_RATE, OFF_COUNT, OFF_LAST_ACCESS, OFF_NPAGES, OFF_NODE, OFF
 
 #define FIELD(rows, stride, i, off, type) ((type *)((rows) + (i) * (stride) + (off)))
 
+/* Rows are read in index order but far apart (tens of thousands among hundreds of thousands,
+ * a state of tens of MiB): each is fetched AHEAD rows before it is used, so that the misses
+ * overlap instead of following one another. */
+#define AHEAD 16
+#define PREFETCH_ROW(rows, stride, j) __builtin_prefetch((rows) + (j) * (stride), 1)
+
 /* lookup_rows(keys, n, x, m, rows, stride, off, node, npages, region, pos, found, changed):
  * for sorted unique keys[n] (the rows' keys) and strictly increasing x[m] (a read's keys):
  * pos[i] = np.searchsorted(keys, x[i]), found[i] whether keys[pos[i]] == x[i], and for a found
@@ -29,7 +35,7 @@ int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t 
 		    uint8_t *changed)
 {
 	int64_t lo = 0, nch = 0;
-	for (int64_t i = 0; i < m; i++) {
+	for (int64_t i = 0; i < m; i++) { /* the keys first: the rows' misses overlap below */
 		uint64_t v = x[i];
 		if (i && v <= x[i - 1])
 			return -1;
@@ -50,13 +56,18 @@ int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t 
 		}
 		pos[i] = lo;
 		found[i] = lo < n && keys[lo] == v;
+	}
+	for (int64_t i = 0; i < m; i++) {
+		if (i + AHEAD < m && found[i + AHEAD])
+			PREFETCH_ROW(rows, stride, pos[i + AHEAD]);
 		changed[i] = 0;
 		if (!found[i])
 			continue;
-		int ch = *FIELD(rows, stride, lo, off[OFF_NODE], int8_t) != node[i] ||
-			 *FIELD(rows, stride, lo, off[OFF_NPAGES], uint16_t) != npages[i];
+		int64_t j = pos[i];
+		int ch = *FIELD(rows, stride, j, off[OFF_NODE], int8_t) != node[i] ||
+			 *FIELD(rows, stride, j, off[OFF_NPAGES], uint16_t) != npages[i];
 		if (region)
-			ch |= ((*FIELD(rows, stride, lo, off[OFF_FLAGS], uint8_t) & F_REGION) != 0) !=
+			ch |= ((*FIELD(rows, stride, j, off[OFF_FLAGS], uint8_t) & F_REGION) != 0) !=
 			      (region[i] != 0);
 		changed[i] = (uint8_t)ch;
 		nch += ch;
@@ -76,6 +87,8 @@ int64_t add_accesses(uint8_t *rows, int64_t stride, const int64_t *off, const in
 {
 	int64_t k = 0;
 	for (int64_t i = 0; i < m; i++) {
+		if (i + AHEAD < m)
+			PREFETCH_ROW(rows, stride, idx[i + AHEAD]);
 		if (!(count[i] > 0 || rate[i] > 0))
 			continue;
 		int64_t j = idx[i];
@@ -105,6 +118,8 @@ int64_t prune(uint8_t *rows, int64_t stride, const int64_t *off, int64_t *cand, 
 {
 	int64_t k = 0, d = 0;
 	for (int64_t i = 0; i < n; i++) {
+		if (i + AHEAD < n)
+			PREFETCH_ROW(rows, stride, cand[i + AHEAD]);
 		int64_t j = cand[i];
 		float h = *FIELD(rows, stride, j, off[OFF_HEAT], float);
 		float p = h * scale;
@@ -116,4 +131,15 @@ int64_t prune(uint8_t *rows, int64_t stride, const int64_t *off, int64_t *cand, 
 		}
 	}
 	return k;
+}
+
+/* take_rows(rows, stride, idx, m, out): np.take(rows, idx) for whole rows (idx within
+ * bounds), each row fetched AHEAD rows before it is copied. */
+void take_rows(const uint8_t *rows, int64_t stride, const int64_t *idx, int64_t m, uint8_t *out)
+{
+	for (int64_t i = 0; i < m; i++) {
+		if (i + AHEAD < m)
+			__builtin_prefetch(rows + idx[i + AHEAD] * stride, 0);
+		memcpy(out + i * stride, rows + idx[i] * stride, (size_t)stride);
+	}
 }
