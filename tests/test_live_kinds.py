@@ -102,3 +102,19 @@ def test_the_report_of_anonymous_scenarios_has_no_kinds_section():
         {"spec": asdict(table["noise100"]), "records": [
             _rec("kernel", [0.5, 1.0, 1.0], "noise100", 64.0)]}]}
     assert "memory kind" not in live_bench.report(doc, "x")
+
+
+def test_several_modes_are_a_configuration_each_in_one_boot():
+    from pagetier.errors import ConfigError
+
+    assert live_bench.config_names("heuristic", "kernel") == ["kernel", "pagetier:heuristic"]
+    assert live_bench.config_names("heuristic", "kernel", "abit") == ["kernel",
+                                                                     "pagetier:heuristic"]
+    assert live_bench.config_names("heuristic", "kernel", "fault,abit") == [
+        "kernel", "pagetier:heuristic@fault", "pagetier:heuristic@abit"]
+    spec = live_bench.select_scenarios("noise0-shmem", mode="abit")[0]
+    assert live_bench.config_mode("pagetier:heuristic", spec) == ("heuristic", "abit")
+    assert live_bench.config_mode("pagetier:lru@fault", spec) == ("lru", "fault")
+    for bad in ("", "fault,dirty"):
+        with pytest.raises(ConfigError, match="mode"):
+            live_bench.parse_modes(bad)

@@ -316,9 +316,36 @@ def select_scenarios(names: str | None, quick: bool = False, seconds: int | None
     return out
 
 
-def config_names(policies: str, baselines: str = DEFAULT_BASELINES) -> list[str]:
-    """kernel first (the others' ratios are to it), pagetier:POLICY for each policy, then damos
-    and none, as far as asked for."""
+MODES = ("fault", "abit")
+
+
+def parse_modes(modes: str) -> list[str]:
+    """``--mode``: one pagetier.ko mode, or several comma-separated (each its own
+    configuration in every scenario, ``pagetier:POLICY@MODE``)."""
+    out = []
+    for m in filter(None, (x.strip() for x in modes.split(","))):
+        if m not in MODES:
+            raise ConfigError(f"bench live: unknown mode {m!r} (known: {', '.join(MODES)}; "
+                              "several comma-separated)")
+        if m not in out:
+            out.append(m)
+    if not out:
+        raise ConfigError(f"bench live: --mode needs one of {', '.join(MODES)}")
+    return out
+
+
+def config_mode(name: str, spec: Spec) -> tuple[str, str]:
+    """A pagetier configuration's policy and kmod mode: ``pagetier:POLICY@MODE``, or
+    ``pagetier:POLICY`` in the scenario's mode."""
+    policy, _, mode = name.split(":", 1)[1].partition("@")
+    return policy, mode or spec.mode
+
+
+def config_names(policies: str, baselines: str = DEFAULT_BASELINES,
+                 modes: str = "fault") -> list[str]:
+    """kernel first (the others' ratios are to it), pagetier:POLICY for each policy (with more
+    than one mode, pagetier:POLICY@MODE for each, the policies' runs taking turns with the
+    baselines' in one boot), then damos and none, as far as asked for."""
     from pagetier.policies import base
 
     want = [b.strip() for b in baselines.split(",") if b.strip()]
@@ -329,7 +356,8 @@ def config_names(policies: str, baselines: str = DEFAULT_BASELINES) -> list[str]
     for p in filter(None, (x.strip() for x in policies.split(","))):
         if p not in base.known():
             raise ConfigError(f"bench live: unknown policy {p!r} (known: {', '.join(base.known())})")
-        names.append(f"pagetier:{p}")
+        ms = parse_modes(modes)
+        names += [f"pagetier:{p}@{m}" for m in ms] if len(ms) > 1 else [f"pagetier:{p}"]
     return names + [b for b in ("damos", "none") if b in want]
 
 
@@ -524,15 +552,16 @@ def vmstats(keys=VMSTAT_KEYS) -> dict[str, int]:
     return out
 
 
-def fork_daemon(pid: int, policy: str, spec: Spec) -> tuple[int, int]:
+def fork_daemon(pid: int, policy: str, spec: Spec, mode: str | None = None) -> tuple[int, int]:
     """The pagetier daemon on ``pid`` in a forked child (the modules are imported already: no
-    second interpreter start under emulation). Returns (child pid, read end of its JSON lines)."""
+    second interpreter start under emulation), in kmod ``mode`` (None: the scenario's). Returns
+    (child pid, read end of its JSON lines)."""
     from pagetier.daemon.loop import Daemon, create_policy, create_profiler
     from pagetier.daemon.numab import NumaBalancing
 
     overrides = {"policy": policy, "fast_budget": f"{spec.budget_mb}M", "interval": spec.interval_s,
                  "json": True, "profiler": "kmod",
-                 "profiler_options": {**spec.profiler_options, "mode": spec.mode,
+                 "profiler_options": {**spec.profiler_options, "mode": mode or spec.mode,
                                       **({} if spec.scan_period_ms is None else
                                          {"scan_period_ms": spec.scan_period_ms})}}
     cfg = config_mod.load(None, overrides)  # errors here, in the parent
@@ -635,7 +664,8 @@ class ConfigRun:
         first interval."""
         if not self.name.startswith("pagetier:"):
             return
-        self.daemon_pid, self.daemon_fd = fork_daemon(pid, self.name.split(":", 1)[1], self.spec)
+        policy, mode = config_mode(self.name, self.spec)
+        self.daemon_pid, self.daemon_fd = fork_daemon(pid, policy, self.spec, mode)
         self.dm = Lines(self.daemon_fd)
         deadline = time.monotonic() + 300
         while not self.dstats and not self.dm.eof and time.monotonic() < deadline:

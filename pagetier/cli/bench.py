@@ -311,8 +311,9 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
 @click.option("--kernel", "-k", default="6.12", show_default=True, help="6.12 or 6.1")
 @click.option("--seconds", type=int, help="seconds per run, for every scenario (default: each "
                                           "scenario's own)")
-@click.option("--mode", type=click.Choice(["fault", "abit"]), default="fault", show_default=True,
-              help="pagetier.ko profiling mode")
+@click.option("--mode", default="fault", show_default=True,
+              help="pagetier.ko profiling mode, fault or abit; both (fault,abit): each mode a "
+                   "configuration, pagetier:POLICY@MODE, taking turns in one boot")
 @click.option("--interval", type=float, help="the daemon's interval in pagetier's runs, s "
                                              "(default 1)")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
@@ -342,6 +343,7 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
       pagetier bench live --scenarios phases,fuller --policies heuristic,lru
       pagetier bench live --quick --json
       pagetier bench live --scenarios noise1000,fuller --baselines kernel --repeat 3
+      pagetier bench live --scenarios noise0-shmem --mode fault,abit --repeat 3
     """
     if output:
         check_output(output, "-o")
@@ -351,11 +353,12 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
                        + ("  (quick)" if s.name in live.QUICK_SCENARIOS else ""))
         return
     popts = live.profiler_options(profiler_opts)
-    specs = live.select_scenarios(scenario_names, quick=quick, seconds=seconds, mode=mode,
+    modes = live.parse_modes(mode)
+    specs = live.select_scenarios(scenario_names, quick=quick, seconds=seconds, mode=modes[0],
                                   interval=interval, profiler_options=popts)
     if baselines is None:
         baselines = live.QUICK_BASELINES if quick else live.DEFAULT_BASELINES
-    names = live.config_names(policies, baselines)
+    names = live.config_names(policies, baselines, mode)
     if configs:
         names = [c.strip() for c in configs.split(",") if c.strip()]
         bad = [c for c in names if c not in live.BASELINES and not c.startswith("pagetier:")]
@@ -372,7 +375,7 @@ def bench_live(quick, scenario_names, policies, baselines, kernel, seconds, mode
     else:
         if not names:
             raise ConfigError("bench live: nothing to run (no policy and no baseline)")
-        doc = live.run_in_vm(names, specs, kernel, quick=quick, seconds=seconds, mode=mode,
+        doc = live.run_in_vm(names, specs, kernel, quick=quick, seconds=seconds, mode=modes[0],
                              echo=not as_json, interval=interval, repeat=repeat,
                              profiler_options=popts)
     doc["command"] = shlex.join(argv)
