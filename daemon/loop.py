@@ -355,7 +355,7 @@ class Daemon:
         program moves to new memory finds its units counted but not yet probed). A re-read that
         is partial again is taken as it is: the program accesses fewer units now."""
         touched = st.touched()
-        n = int(np.count_nonzero(st.rate[touched] > 0)) if len(touched) else 0
+        n = st.rated(touched)
         partial = not early and n < PARTIAL_READ * self._accessed
         if not partial:
             self._accessed = n

@@ -134,3 +134,33 @@ def test_take_rows_is_take(compiled, monkeypatch):
     assert row_merge.take_rows(st.a, np.array([0, len(st)])) is None  # out of range: numpy's
     assert row_merge.take_rows(st.a, np.array([-1, 0])) is None
     np.testing.assert_array_equal(st.rows(np.array([-1])), st.rows(np.array([len(st) - 1])))
+
+
+@pytest.mark.parametrize("decay", [0.5, 0.9])
+def test_columns_are_the_rows_widened(compiled, monkeypatch, decay):
+    """PageState.columns: the compiled pass gives the rows' fields as numpy widens them, the
+    heat scaled in float32 first (a state whose scale is not 1)."""
+    st, _ = run(compiled, monkeypatch, 6, decay, [1.0])
+    assert st.scale != 1.0
+    idx = np.sort(np.random.default_rng(1).choice(len(st), len(st) // 3, replace=False))
+    got = st.columns(idx)
+    monkeypatch.setattr(row_merge, "_LIB", None)
+    want = st.columns(idx)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        assert g.tobytes() == w.tobytes()
+
+
+def test_new_interval_and_rated_units_the_same(compiled, monkeypatch):
+    """begin_interval clears the last interval's rates and counts, and rated counts the
+    touched units with a rate, to the same state with and without the library."""
+    st, _ = run(compiled, monkeypatch, 7, 0.5, [1.0])
+    plain, _ = run(None, monkeypatch, 7, 0.5, [1.0])
+    monkeypatch.setattr(row_merge, "_LIB", compiled)
+    assert st.rated(st.touched()) == int(np.count_nonzero(st.rate[st.touched()] > 0)) > 0
+    st.begin_interval()
+    monkeypatch.setattr(row_merge, "_LIB", None)
+    assert plain.rated(plain.touched()) == int(np.count_nonzero(plain.rate[plain.touched()] > 0))
+    plain.begin_interval()
+    assert st.a.tobytes() == plain.a.tobytes()
+    assert not st.rate.any() and not st.count.any()

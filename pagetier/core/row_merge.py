@@ -12,8 +12,11 @@ over scattered rows for each step. Here each is one pass:
 - :func:`add_accesses`: the accessed units' count, rate, heat and last access, and which of
   them join the candidate set;
 - :func:`prune`: the candidates whose heat decayed below the floor leave the set;
-- :func:`take_rows`: a copy of some units' rows (the decision's columns), each row fetched
-  ahead of its copy.
+- :func:`take_rows`: a copy of some units' rows, each row fetched ahead of its copy;
+- :func:`clear_rates`: the rates and counts of the last interval's units cleared;
+  :func:`count_rated`: how many of the touched ones have a rate;
+- :func:`columns`: the decision's columns of some units (heat, rate, node, size, last move),
+  widened as the decision reads them.
 
 The library (native/row_merge.c, loaded with ctypes) is built beside the sorted lookups'
 (see pagetier.core.sorted_find); PAGETIER_NO_NATIVE switches both off.
@@ -32,7 +35,7 @@ SOURCE = sorted_find.HERE / "native" / "row_merge.c"
 LIB_NAME = "librow_merge.so"
 LIB_PATH = sorted_find.LIB_PATH.parent / LIB_NAME
 # the fields' byte offsets, in the order of row_merge.c's OFF_*
-FIELDS = ("heat", "rate", "count", "last_access", "npages", "node", "flags")
+FIELDS = ("heat", "rate", "count", "last_access", "npages", "node", "flags", "last_move")
 
 _P = ctypes.c_void_p
 _N = ctypes.c_int64
@@ -53,6 +56,15 @@ class _Lib:
         self.take_rows = lib.take_rows
         self.take_rows.argtypes = [_P, _N, _P, _N, _P]
         self.take_rows.restype = None
+        self.columns = lib.columns
+        self.columns.argtypes = [_P, _N, _P, _P, _N, ctypes.c_float, _P, _P, _P, _P, _P]
+        self.columns.restype = None
+        self.clear_rates = lib.clear_rates
+        self.clear_rates.argtypes = [_P, _N, _P, _P, _N]
+        self.clear_rates.restype = None
+        self.count_rated = lib.count_rated
+        self.count_rated.argtypes = [_P, _N, _P, _P, _N]
+        self.count_rated.restype = _N
 
 
 def load(path: Path = LIB_PATH) -> _Lib | None:
@@ -84,7 +96,7 @@ def _layout(a: np.ndarray):
     if off is None:
         want = {"heat": np.float32, "rate": np.float32, "count": np.uint32,
                 "last_access": np.int32, "npages": np.uint16, "node": np.int8,
-                "flags": np.uint8}
+                "flags": np.uint8, "last_move": np.int32}
         f = a.dtype.fields
         if any(n not in f or f[n][0] != np.dtype(t) for n, t in want.items()):
             return None
@@ -172,3 +184,46 @@ def take_rows(a: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
     out = np.empty(len(idx), a.dtype)
     _LIB.take_rows(a.ctypes.data, a.dtype.itemsize, idx.ctypes.data, len(idx), out.ctypes.data)
     return out
+
+
+def columns(a: np.ndarray, idx: np.ndarray, scale: np.float32):
+    """(heat, rate, node, npages, last_move) of rows ``idx`` of ``a``: heat as
+    ``(a["heat"][idx] * scale).astype(np.float64)`` (float32 product), rate as float64, node as
+    in ``a``, npages and last_move as int64; None when the library cannot do it (or an index is
+    out of ``range(len(a))``)."""
+    lay = _layout(a)
+    if lay is None or a.ndim != 1:
+        return None
+    idx = _c(idx, np.int64)
+    if idx is None or (len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= len(a))):
+        return None
+    m = len(idx)
+    heat, rate = np.empty(m, np.float64), np.empty(m, np.float64)
+    node = np.empty(m, np.int8)
+    npages, last_move = np.empty(m, np.int64), np.empty(m, np.int64)
+    _LIB.columns(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data, m, float(scale),
+                 heat.ctypes.data, rate.ctypes.data, node.ctypes.data, npages.ctypes.data,
+                 last_move.ctypes.data)
+    return heat, rate, node, npages, last_move
+
+
+def clear_rates(a: np.ndarray, idx: np.ndarray) -> bool:
+    """Set ``rate`` and ``count`` of rows ``idx`` (int64, within bounds: not checked, the
+    state's touched units) of ``a`` to 0; False when the library cannot do it."""
+    lay = _layout(a)
+    idx = _c(idx, np.int64)
+    if lay is None or idx is None:
+        return False
+    _LIB.clear_rates(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data, len(idx))
+    return True
+
+
+def count_rated(a: np.ndarray, idx: np.ndarray) -> int | None:
+    """``np.count_nonzero(a["rate"][idx] > 0)`` for int64 ``idx`` within bounds (not checked:
+    the state's touched units); None when the library cannot do it."""
+    lay = _layout(a)
+    idx = _c(idx, np.int64)
+    if lay is None or idx is None:
+        return None
+    return int(_LIB.count_rated(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data,
+                                len(idx)))

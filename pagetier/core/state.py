@@ -278,6 +278,17 @@ class PageState:
         r["heat"] = self._true_heat(r["heat"])
         return r
 
+    def columns(self, idx: np.ndarray) -> tuple:
+        """(heat, rate, node, npages, last_move) of units ``idx``, as a decision reads them
+        (pagetier/policies/rules/view.py): heat (the true heat) and rate as float64, npages and
+        last_move as int64. One compiled pass over the rows when built."""
+        got = row_merge.columns(self._a, idx, np.float32(self.scale))
+        if got is not None:
+            return got
+        r = self.rows(idx)
+        return (r["heat"].astype(np.float64), r["rate"].astype(np.float64), r["node"],
+                r["npages"].astype(np.int64), r["last_move"].astype(np.int64))
+
     def keys(self, idx: np.ndarray | None = None) -> np.ndarray:
         """The sorted key of each unit (of ``idx``): ``(target << 48) | (addr >> 12)``."""
         if self._k is None or len(self._k) != len(self._a):
@@ -352,6 +363,13 @@ class PageState:
             a = self._a
             self._touched = np.flatnonzero((a["count"] > 0) | (a["rate"] > 0))
         return self._touched
+
+    def rated(self, idx: np.ndarray) -> int:
+        """How many of units ``idx`` (e.g. :meth:`touched`) have a rate in this interval."""
+        n = row_merge.count_rated(self._a, idx)
+        if n is None:
+            n = int(np.count_nonzero(self._a["rate"][idx] > 0)) if len(idx) else 0
+        return n
 
     def hotter_than(self, x: float) -> tuple[np.ndarray, float]:
         """(sorted indices of the units with heat >= ``x``, the heat of all the others summed).
@@ -598,6 +616,8 @@ class PageState:
         if t is None:
             a["count"] = 0
             a["rate"] = 0
+        elif row_merge.clear_rates(a, t):  # one compiled pass over the rows
+            pass
         else:
             both = _rate_count(a)
             if both is not None:  # one scatter for the two fields, which share 8 bytes

@@ -15,7 +15,9 @@ What of PageState this module touches (and nothing else in the policy does):
 - columns: ``heat``, ``rate``, ``node``, ``npages``, ``last_move``, and ``target``/``addr``
   when the state has no ``keys``;
 - methods: ``hotter_than``, ``in_candidates``, ``touched``, ``coldest``, ``rows`` (whole rows
-  of some units, read by the field names above), ``keys``, ``pages_on``, ``stuck``, ``len()``;
+  of some units, read by the field names above), ``columns`` when it has it (the same fields
+  of some units, widened as :meth:`PageView.columns` returns them), ``keys``, ``pages_on``,
+  ``stuck``, ``len()``;
 - module helpers and constants: ``unit_keys``, ``union``, ``union_remap``, ``NEVER`` (the
   ``last_move`` of a unit never moved).
 """
@@ -125,6 +127,8 @@ class PageView:
             return (np.asarray(st.heat, np.float64),
                     None if rate is None else rate.astype(np.float64),
                     st.node, st.npages.astype(np.int64), st.last_move.astype(np.int64))
+        if hasattr(st, "columns"):  # PageState: one pass over the rows
+            return st.columns(idx)
         r = st.rows(idx)
         return (r["heat"].astype(np.float64), r["rate"].astype(np.float64), r["node"],
                 r["npages"].astype(np.int64), r["last_move"].astype(np.int64))

@@ -9,7 +9,10 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { OFF_HEAT, OFF_RATE, OFF_COUNT, OFF_LAST_ACCESS, OFF_NPAGES, OFF_NODE, OFF_FLAGS, NOFF };
+enum {
+	OFF_HEAT, OFF_RATE, OFF_COUNT, OFF_LAST_ACCESS, OFF_NPAGES, OFF_NODE, OFF_FLAGS,
+	OFF_LAST_MOVE, NOFF
+};
 
 #define F_CAND 8
 #define F_REGION 16
@@ -142,4 +145,50 @@ void take_rows(const uint8_t *rows, int64_t stride, const int64_t *idx, int64_t 
 			__builtin_prefetch(rows + idx[i + AHEAD] * stride, 0);
 		memcpy(out + i * stride, rows + idx[i] * stride, (size_t)stride);
 	}
+}
+
+/* columns(rows, stride, off, idx, m, scale, heat, rate, node, npages, last_move): the
+ * decision's columns of rows idx[m] (within bounds) in one pass: heat as the stored heat
+ * times scale in float32, then widened (as numpy's (h * float32(scale)).astype(float64)),
+ * rate widened, node, npages and last_move widened to int64. */
+void columns(const uint8_t *rows, int64_t stride, const int64_t *off, const int64_t *idx,
+	     int64_t m, float scale, double *heat, double *rate, int8_t *node, int64_t *npages,
+	     int64_t *last_move)
+{
+	for (int64_t i = 0; i < m; i++) {
+		if (i + AHEAD < m)
+			__builtin_prefetch(rows + idx[i + AHEAD] * stride, 0);
+		const uint8_t *r = rows + idx[i] * stride;
+		float h = *(const float *)(r + off[OFF_HEAT]) * scale;
+		heat[i] = (double)h;
+		rate[i] = (double)*(const float *)(r + off[OFF_RATE]);
+		node[i] = *(const int8_t *)(r + off[OFF_NODE]);
+		npages[i] = *(const uint16_t *)(r + off[OFF_NPAGES]);
+		last_move[i] = *(const int32_t *)(r + off[OFF_LAST_MOVE]);
+	}
+}
+
+/* clear_rates(rows, stride, off, idx, m): rate and count of rows idx[m] set to 0 (a new
+ * interval), each row fetched AHEAD rows before. */
+void clear_rates(uint8_t *rows, int64_t stride, const int64_t *off, const int64_t *idx, int64_t m)
+{
+	for (int64_t i = 0; i < m; i++) {
+		if (i + AHEAD < m)
+			PREFETCH_ROW(rows, stride, idx[i + AHEAD]);
+		*FIELD(rows, stride, idx[i], off[OFF_RATE], float) = 0;
+		*FIELD(rows, stride, idx[i], off[OFF_COUNT], uint32_t) = 0;
+	}
+}
+
+/* count_rated(rows, stride, off, idx, m): how many of rows idx[m] have a rate above 0. */
+int64_t count_rated(const uint8_t *rows, int64_t stride, const int64_t *off, const int64_t *idx,
+		    int64_t m)
+{
+	int64_t k = 0;
+	for (int64_t i = 0; i < m; i++) {
+		if (i + AHEAD < m)
+			__builtin_prefetch(rows + idx[i + AHEAD] * stride, 0);
+		k += *FIELD(rows, stride, idx[i], off[OFF_RATE], const float) > 0;
+	}
+	return k;
 }
