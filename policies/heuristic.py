@@ -126,7 +126,7 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         throttled_max = throttled_moves(max_moves, max(0, cap.high - used), c)
         keys = u.keys(hot.by_index) if view.incremental else np.sort(u.keys(hot.desired))
         # the pattern of the hot units, not of the warm ones filling the rest of the capacity
-        core = np.sort(u.keys(core_units(hot.order, score, f.bar))) if c.phase_core else keys
+        core = u.sorted_keys(core_units(hot.order, score, f.bar)) if c.phase_core else keys
         # a new hot set is a phase change only when about as hot and as large as the last one
         pattern, jaccard, change = self._classify(
             keys, self._like_last(hot.ref, hot.desired_pages), core)

@@ -143,9 +143,11 @@ def test_columns_are_the_rows_widened(compiled, monkeypatch, decay):
     st, _ = run(compiled, monkeypatch, 6, decay, [1.0])
     assert st.scale != 1.0
     idx = np.sort(np.random.default_rng(1).choice(len(st), len(st) // 3, replace=False))
-    got = st.columns(idx)
+    got = st.columns(idx, keys=True)
     monkeypatch.setattr(row_merge, "_LIB", None)
-    want = st.columns(idx)
+    want = st.columns(idx, keys=True)
+    assert len(got) == len(want) == 6
+    np.testing.assert_array_equal(want[5], st.keys(idx))
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         assert g.tobytes() == w.tobytes()

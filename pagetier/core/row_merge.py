@@ -35,7 +35,8 @@ SOURCE = sorted_find.HERE / "native" / "row_merge.c"
 LIB_NAME = "librow_merge.so"
 LIB_PATH = sorted_find.LIB_PATH.parent / LIB_NAME
 # the fields' byte offsets, in the order of row_merge.c's OFF_*
-FIELDS = ("heat", "rate", "count", "last_access", "npages", "node", "flags", "last_move")
+FIELDS = ("heat", "rate", "count", "last_access", "npages", "node", "flags", "last_move", "addr",
+          "target")
 
 _P = ctypes.c_void_p
 _N = ctypes.c_int64
@@ -57,7 +58,7 @@ class _Lib:
         self.take_rows.argtypes = [_P, _N, _P, _N, _P]
         self.take_rows.restype = None
         self.columns = lib.columns
-        self.columns.argtypes = [_P, _N, _P, _P, _N, ctypes.c_float, _P, _P, _P, _P, _P]
+        self.columns.argtypes = [_P, _N, _P, _P, _N, ctypes.c_float, _P, _P, _P, _P, _P, _P]
         self.columns.restype = None
         self.clear_rates = lib.clear_rates
         self.clear_rates.argtypes = [_P, _N, _P, _P, _N]
@@ -96,7 +97,8 @@ def _layout(a: np.ndarray):
     if off is None:
         want = {"heat": np.float32, "rate": np.float32, "count": np.uint32,
                 "last_access": np.int32, "npages": np.uint16, "node": np.int8,
-                "flags": np.uint8, "last_move": np.int32}
+                "flags": np.uint8, "last_move": np.int32, "addr": np.uint64,
+                "target": np.uint16}
         f = a.dtype.fields
         if any(n not in f or f[n][0] != np.dtype(t) for n, t in want.items()):
             return None
@@ -186,11 +188,12 @@ def take_rows(a: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def columns(a: np.ndarray, idx: np.ndarray, scale: np.float32):
+def columns(a: np.ndarray, idx: np.ndarray, scale: np.float32, keys: bool = False):
     """(heat, rate, node, npages, last_move) of rows ``idx`` of ``a``: heat as
     ``(a["heat"][idx] * scale).astype(np.float64)`` (float32 product), rate as float64, node as
-    in ``a``, npages and last_move as int64; None when the library cannot do it (or an index is
-    out of ``range(len(a))``)."""
+    in ``a``, npages and last_move as int64; with ``keys``, the units' keys after them
+    (``(target << 48) | (addr >> 12)``, uint64). None when the library cannot do it (or an
+    index is out of ``range(len(a))``)."""
     lay = _layout(a)
     if lay is None or a.ndim != 1:
         return None
@@ -201,10 +204,11 @@ def columns(a: np.ndarray, idx: np.ndarray, scale: np.float32):
     heat, rate = np.empty(m, np.float64), np.empty(m, np.float64)
     node = np.empty(m, np.int8)
     npages, last_move = np.empty(m, np.int64), np.empty(m, np.int64)
+    k = np.empty(m, np.uint64) if keys else None
     _LIB.columns(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data, m, float(scale),
                  heat.ctypes.data, rate.ctypes.data, node.ctypes.data, npages.ctypes.data,
-                 last_move.ctypes.data)
-    return heat, rate, node, npages, last_move
+                 last_move.ctypes.data, None if k is None else k.ctypes.data)
+    return (heat, rate, node, npages, last_move) + ((k,) if keys else ())
 
 
 def clear_rates(a: np.ndarray, idx: np.ndarray) -> bool:

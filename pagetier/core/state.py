@@ -278,16 +278,18 @@ class PageState:
         r["heat"] = self._true_heat(r["heat"])
         return r
 
-    def columns(self, idx: np.ndarray) -> tuple:
+    def columns(self, idx: np.ndarray, keys: bool = False) -> tuple:
         """(heat, rate, node, npages, last_move) of units ``idx``, as a decision reads them
         (pagetier/policies/rules/view.py): heat (the true heat) and rate as float64, npages and
-        last_move as int64. One compiled pass over the rows when built."""
-        got = row_merge.columns(self._a, idx, np.float32(self.scale))
+        last_move as int64; with ``keys``, their :meth:`keys` after them. One compiled pass over
+        the rows when built."""
+        got = row_merge.columns(self._a, idx, np.float32(self.scale), keys)
         if got is not None:
             return got
         r = self.rows(idx)
-        return (r["heat"].astype(np.float64), r["rate"].astype(np.float64), r["node"],
+        cols = (r["heat"].astype(np.float64), r["rate"].astype(np.float64), r["node"],
                 r["npages"].astype(np.int64), r["last_move"].astype(np.int64))
+        return cols + ((self.keys(idx),) if keys else ())
 
     def keys(self, idx: np.ndarray | None = None) -> np.ndarray:
         """The sorted key of each unit (of ``idx``): ``(target << 48) | (addr >> 12)``."""

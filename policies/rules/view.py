@@ -69,6 +69,18 @@ class Units:
             self._keys = self.view.keys(self.idx)
         return self._keys[local]
 
+    def sorted_keys(self, local: np.ndarray) -> np.ndarray:
+        """``np.sort(self.keys(local))`` for distinct positions ``local``. Read by candidates,
+        the units' keys ascend with their positions (``idx`` is sorted, and so are a state's
+        keys by index): a mask of ``local`` picks them in order, without a sort."""
+        if not self.view.incremental:
+            return np.sort(self.keys(local))
+        if self._keys is None:
+            self._keys = self.view.keys(self.idx)
+        pick = np.zeros(len(self.idx), bool)
+        pick[local] = True
+        return self._keys[pick]
+
     def extend(self, more: np.ndarray) -> np.ndarray:
         """Add state units ``more`` (sorted) to the set; returns where each old position went."""
         idx, remap, added = union_remap(self.idx, more)
@@ -136,6 +148,9 @@ class PageView:
     def units(self) -> tuple[Units, float]:
         """The units to rank with their columns, and the summed heat of those left out."""
         idx, rest = self.candidates()
+        if self.incremental and hasattr(self.state, "columns"):  # the keys in the same pass
+            *cols, keys = self.state.columns(idx, keys=True)
+            return Units(self, idx, *cols, _keys=keys), rest
         cols = self.columns(idx if self.incremental else None)
         return Units(self, idx, *cols), rest
 

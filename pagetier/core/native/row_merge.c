@@ -11,7 +11,7 @@
 
 enum {
 	OFF_HEAT, OFF_RATE, OFF_COUNT, OFF_LAST_ACCESS, OFF_NPAGES, OFF_NODE, OFF_FLAGS,
-	OFF_LAST_MOVE, NOFF
+	OFF_LAST_MOVE, OFF_ADDR, OFF_TARGET, NOFF
 };
 
 #define F_CAND 8
@@ -147,13 +147,14 @@ void take_rows(const uint8_t *rows, int64_t stride, const int64_t *idx, int64_t 
 	}
 }
 
-/* columns(rows, stride, off, idx, m, scale, heat, rate, node, npages, last_move): the
+/* columns(rows, stride, off, idx, m, scale, heat, rate, node, npages, last_move, keys): the
  * decision's columns of rows idx[m] (within bounds) in one pass: heat as the stored heat
  * times scale in float32, then widened (as numpy's (h * float32(scale)).astype(float64)),
- * rate widened, node, npages and last_move widened to int64. */
+ * rate widened, node, npages and last_move widened to int64; keys (when not NULL) the units'
+ * keys, (target << 48) | (addr >> 12). */
 void columns(const uint8_t *rows, int64_t stride, const int64_t *off, const int64_t *idx,
 	     int64_t m, float scale, double *heat, double *rate, int8_t *node, int64_t *npages,
-	     int64_t *last_move)
+	     int64_t *last_move, uint64_t *keys)
 {
 	for (int64_t i = 0; i < m; i++) {
 		if (i + AHEAD < m)
@@ -165,6 +166,9 @@ void columns(const uint8_t *rows, int64_t stride, const int64_t *off, const int6
 		node[i] = *(const int8_t *)(r + off[OFF_NODE]);
 		npages[i] = *(const uint16_t *)(r + off[OFF_NPAGES]);
 		last_move[i] = *(const int32_t *)(r + off[OFF_LAST_MOVE]);
+		if (keys)
+			keys[i] = ((uint64_t) * (const uint16_t *)(r + off[OFF_TARGET]) << 48) |
+				  (*(const uint64_t *)(r + off[OFF_ADDR]) >> 12);
 	}
 }
 
