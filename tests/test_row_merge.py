@@ -166,3 +166,12 @@ def test_new_interval_and_rated_units_the_same(compiled, monkeypatch):
     plain.begin_interval()
     assert st.a.tobytes() == plain.a.tobytes()
     assert not st.rate.any() and not st.count.any()
+
+
+def test_in_candidates_is_the_flag(compiled, monkeypatch):
+    st, _ = run(compiled, monkeypatch, 8, 0.5, [50.0])
+    idx = np.random.default_rng(2).integers(0, len(st), 3000)
+    got = st.in_candidates(idx)
+    assert got.any() and not got.all()
+    np.testing.assert_array_equal(got, (st.flags[idx] & 8) != 0)  # F_CAND
+    assert row_merge.has_flag(st.a, np.array([len(st)]), 8) is None

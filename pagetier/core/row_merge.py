@@ -14,7 +14,8 @@ over scattered rows for each step. Here each is one pass:
 - :func:`prune`: the candidates whose heat decayed below the floor leave the set;
 - :func:`take_rows`: a copy of some units' rows, each row fetched ahead of its copy;
 - :func:`clear_rates`: the rates and counts of the last interval's units cleared;
-  :func:`count_rated`: how many of the touched ones have a rate;
+  :func:`count_rated`: how many of the touched ones have a rate; :func:`has_flag`: which of
+  them are candidates;
 - :func:`columns`: the decision's columns of some units (heat, rate, node, size, last move),
   widened as the decision reads them.
 
@@ -66,6 +67,9 @@ class _Lib:
         self.count_rated = lib.count_rated
         self.count_rated.argtypes = [_P, _N, _P, _P, _N]
         self.count_rated.restype = _N
+        self.has_flag = lib.has_flag
+        self.has_flag.argtypes = [_P, _N, _P, _P, _N, ctypes.c_int32, _P]
+        self.has_flag.restype = None
 
 
 def load(path: Path = LIB_PATH) -> _Lib | None:
@@ -231,3 +235,17 @@ def count_rated(a: np.ndarray, idx: np.ndarray) -> int | None:
         return None
     return int(_LIB.count_rated(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data,
                                 len(idx)))
+
+
+def has_flag(a: np.ndarray, idx: np.ndarray, flag: int) -> np.ndarray | None:
+    """``(a["flags"][idx] & flag) != 0`` for int64 ``idx``; None when the library cannot do
+    it (or an index is out of ``range(len(a))``: numpy's way then wraps or raises)."""
+    lay = _layout(a)
+    idx = _c(idx, np.int64)
+    if lay is None or idx is None or (len(idx) and (int(idx.min()) < 0
+                                                    or int(idx.max()) >= len(a))):
+        return None
+    out = np.empty(len(idx), bool)
+    _LIB.has_flag(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data, len(idx),
+                  int(flag), out.ctypes.data)
+    return out

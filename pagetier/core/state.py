@@ -418,7 +418,8 @@ class PageState:
         (a flag on each unit: no search of the set)."""
         if self._cand is None:
             return np.zeros(len(idx), bool)
-        return (self._a["flags"][idx] & F_CAND) != 0
+        got = row_merge.has_flag(self._a, idx, F_CAND)
+        return (self._a["flags"][idx] & F_CAND) != 0 if got is None else got
 
     def _join_candidates(self, idx: np.ndarray, stored_before: np.ndarray,
                          flags: np.ndarray) -> None:

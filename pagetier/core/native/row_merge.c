@@ -196,3 +196,14 @@ int64_t count_rated(const uint8_t *rows, int64_t stride, const int64_t *off, con
 	}
 	return k;
 }
+
+/* has_flag(rows, stride, off, idx, m, flag, out): out[i] whether row idx[i] has flag set. */
+void has_flag(const uint8_t *rows, int64_t stride, const int64_t *off, const int64_t *idx,
+	      int64_t m, int32_t flag, uint8_t *out)
+{
+	for (int64_t i = 0; i < m; i++) {
+		if (i + AHEAD < m)
+			__builtin_prefetch(rows + idx[i + AHEAD] * stride, 0);
+		out[i] = (*FIELD(rows, stride, idx[i], off[OFF_FLAGS], const uint8_t) & flag) != 0;
+	}
+}
