@@ -24,6 +24,7 @@ enum {
  * overlap instead of following one another. */
 #define AHEAD 16
 #define PREFETCH_ROW(rows, stride, j) __builtin_prefetch((rows) + (j) * (stride), 1)
+#define SCAN 16 /* keys a lookup counts through before it gallops */
 
 /* lookup_rows(keys, n, x, m, rows, stride, off, node, npages, region, pos, found, changed):
  * for sorted unique keys[n] (the rows' keys) and strictly increasing x[m] (a read's keys):
@@ -42,6 +43,17 @@ int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t 
 		uint64_t v = x[i];
 		if (i && v <= x[i - 1])
 			return -1;
+		if (lo + SCAN <= n && keys[lo + SCAN - 1] >= v) {
+			/* within SCAN keys (most reads: the accessed units lie close together):
+			 * count the keys below v without a branch a key */
+			int64_t below = 0;
+			for (int j = 0; j < SCAN; j++)
+				below += keys[lo + j] < v;
+			lo += below;
+			pos[i] = lo;
+			found[i] = keys[lo] == v;
+			continue;
+		}
 		int64_t step = 1, hi = lo;
 		while (hi < n && keys[hi] < v) { /* gallop: keys[lo - 1] < v */
 			lo = hi + 1;

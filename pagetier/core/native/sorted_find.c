@@ -3,12 +3,15 @@
  * find_<type>(hay, n, x, m, pos, found): for each x[i], pos[i] is np.searchsorted(hay, x[i])
  * (side "left": the first place whose element is not below x[i]) and found[i] whether
  * hay[pos[i]] == x[i]. hay is sorted (non-decreasing). x in any order, but when it is sorted
- * each search starts at the last one's place and gallops forward (1, 2, 4, ... elements, then
+ * each search starts at the last one's place: it counts the elements below x[i] when they lie
+ * within SCAN of it (no branch an element), else gallops forward (1, 2, 4, ... elements, then
  * a binary search of the last step): a merge-join costing O(log gap) a key, not O(log n).
  *
  * union_i64: the merge of two sorted index arrays (pagetier.core.state.union).
  */
 #include <stdint.h>
+
+#define SCAN 16 /* elements a search counts through before it gallops */
 
 #define DEFINE_FIND(name, type)                                                        \
 	void name(const type *hay, int64_t n, const type *x, int64_t m, int64_t *pos,      \
@@ -21,6 +24,13 @@
 			if (i && v < x[i - 1]) {                                           \
 				hi = lo; /* out of order: search everything before */      \
 				lo = 0;                                                    \
+			} else if (lo + SCAN <= n && hay[lo + SCAN - 1] >= v) {            \
+				/* within SCAN elements: count those below v, no branch */ \
+				int64_t below = 0;                                         \
+				for (int j = 0; j < SCAN; j++)                             \
+					below += hay[lo + j] < v;                          \
+				lo += below;                                               \
+				hi = lo;                                                   \
 			} else {                                                           \
 				/* gallop: hay[lo - 1] < v; find hi with hay[hi] >= v */   \
 				int64_t step = 1;                                          \
