@@ -355,7 +355,7 @@ def run_scale(a, tree) -> int:
     if a.repeat > 1:
         print(f"each figure: the median of {a.repeat} runs (this tree and the baseline "
               f"alternating)")
-    print(f"this tree's sorted lookups: {lookups_text()}")
+    print(f"this tree's compiled helpers: {lookups_text()}")
     print(" | ".join(head))
     bgran = a.baseline_granularity
     for s in sizes.split(","):
@@ -406,7 +406,7 @@ def run_scale(a, tree) -> int:
                 f"{a.intervals} (merge: the reads into the PageState; decide: the policy), the "
                 f"stub's own time (its reads and moves: the kernel's work) left out; the default "
                 f"migration rate (512 MB/s). \"before\": {a.baseline} at "
-                f"{bgran_text(a)} on the same accesses. This tree's sorted lookups: "
+                f"{bgran_text(a)} on the same accesses. This tree's compiled helpers: "
                 f"{lookups_text()}."
                 + (f" Each figure: the median of {a.repeat} runs, this tree's and the "
                    f"baseline's alternating." if a.repeat > 1 else "")
@@ -418,12 +418,20 @@ def run_scale(a, tree) -> int:
 
 
 def lookups_text() -> str:
-    """Whether this tree's sorted lookups are compiled (pagetier/core/sorted_find.py)."""
+    """Whether this tree's compiled helpers are in use (pagetier/core/sorted_find.py and
+    row_merge.py)."""
     try:
         from pagetier.core import sorted_find
     except ImportError:  # a tree from before them
         return "numpy"
-    return "compiled (build/native)" if sorted_find.native() else "numpy (library not built)"
+    try:
+        from pagetier.core import row_merge
+    except ImportError:  # a tree with the sorted lookups only
+        return "compiled (build/native)" if sorted_find.native() else "numpy (library not built)"
+    both = {sorted_find.native(), row_merge.native()}
+    if both == {True}:
+        return "compiled (build/native), with the row passes"
+    return "numpy (libraries not built)" if both == {False} else "partly compiled"
 
 
 def bgran_text(a) -> str:
