@@ -240,6 +240,8 @@ extern unsigned int pagetier_scan_budget; /* sysfs scan_budget: page-table entri
 extern unsigned int pagetier_upper_bits;  /* sysfs upper_bits: skip tables whose bit is clear */
 extern unsigned int pagetier_pud_refresh; /* sysfs pud_refresh: passes between PUD re-reads */
 extern unsigned int pagetier_upper_window_ms; /* sysfs upper_window_ms: the upper bits' window */
+extern unsigned int pagetier_upper_window_max; /* sysfs upper_window_max: windows a period may wait */
+extern atomic64_t pagetier_window_waits; /* sysfs window_waits: windows waited again, all targets */
 
 /* target.c: the targets, their lifetime and scan work; helpers for the modes */
 extern struct list_head pagetier_targets;
@@ -318,6 +320,8 @@ struct pagetier_walk {
 	unsigned long memo_pud, memo_pmd;
 	bool memo_pud_young, memo_pmd_young;
 	bool upper_only;
+	bool peek;		/* with upper_only: count the PUDs whose Accessed bit is set, clear none */
+	unsigned long young;	/* what peek counted */
 	bool restore;
 };
 bool pagetier_vma_walkable(struct vm_area_struct *vma);

@@ -36,6 +36,13 @@ unsigned int pagetier_pud_refresh = 16;
  */
 unsigned int pagetier_upper_window_ms = 20;
 #define UPPER_WINDOW_MS_MAX 1000
+/*
+ * abit mode: a window in which the target touched none of its tracked memory (no PUD's
+ * Accessed bit set: it was not running) is waited again, up to this many windows in all.
+ */
+unsigned int pagetier_upper_window_max = 5;
+atomic64_t pagetier_window_waits = ATOMIC64_INIT(0);
+#define UPPER_WINDOW_MAX_MAX 64
 #define PUD_REFRESH_MAX 4096
 #define MAX_TARGETS_LIMIT 4096
 #define SCAN_BUDGET_MIN 4096
@@ -520,6 +527,13 @@ static ssize_t scan_budget_store(struct kobject *kobj, struct kobj_attribute *at
 PT_DEFINE_UINT_KNOB(upper_bits, pagetier_upper_bits, 0, 1)
 PT_DEFINE_UINT_KNOB(pud_refresh, pagetier_pud_refresh, 0, PUD_REFRESH_MAX)
 PT_DEFINE_UINT_KNOB(upper_window_ms, pagetier_upper_window_ms, 0, UPPER_WINDOW_MS_MAX)
+PT_DEFINE_UINT_KNOB(upper_window_max, pagetier_upper_window_max, 1, UPPER_WINDOW_MAX_MAX)
+
+/* abit's windows waited again (the target touched nothing in one), since the module loaded */
+static ssize_t window_waits_show(struct kobject *kobj, struct kobj_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%lld\n", (long long)atomic64_read(&pagetier_window_waits));
+}
 
 static struct kobj_attribute version_attr = __ATTR_RO(version);
 static struct kobj_attribute targets_attr = __ATTR_RO(targets);
@@ -529,6 +543,8 @@ static struct kobj_attribute scan_budget_attr = __ATTR_RW(scan_budget);
 static struct kobj_attribute upper_bits_attr = __ATTR_RW(upper_bits);
 static struct kobj_attribute pud_refresh_attr = __ATTR_RW(pud_refresh);
 static struct kobj_attribute upper_window_ms_attr = __ATTR_RW(upper_window_ms);
+static struct kobj_attribute upper_window_max_attr = __ATTR_RW(upper_window_max);
+static struct kobj_attribute window_waits_attr = __ATTR_RO(window_waits);
 
 static struct attribute *pagetier_attrs[] = {
 	&version_attr.attr,
@@ -539,6 +555,8 @@ static struct attribute *pagetier_attrs[] = {
 	&upper_bits_attr.attr,
 	&pud_refresh_attr.attr,
 	&upper_window_ms_attr.attr,
+	&upper_window_max_attr.attr,
+	&window_waits_attr.attr,
 	&pagetier_probe_windows_attr.attr,
 	&pagetier_probe_base_us_attr.attr,
 	&pagetier_probe_fault_marks_attr.attr,

@@ -151,13 +151,13 @@ static void note_region(struct pagetier_target *t, const struct scan_batch *b)
 	bool mixed = false;
 
 	/*
-	 * In use (PR_USED) from the Accessed bits, the first pass's too: its bits tell what was
-	 * used before the attach, so the first windowed pass reads those regions' tables even if
-	 * its window finds the program not running.
+	 * In use (PR_USED) from the accesses a counting pass saw, not from the first pass's bits:
+	 * those tell what was touched since the pages were mapped, all of a program that has just
+	 * filled its memory, and would have the next pass read every table.
 	 */
 	for (i = 0; i < b->n; i++) {
 		mixed |= b->seen[i].node != node;
-		accessed += b->seen[i].young;
+		accessed += b->seen[i].accessed;
 		kinds |= (b->seen[i].kind == PT_KIND_SHMEM ? PR_SHMEM : 0) |
 			 (b->seen[i].kind == PT_KIND_FILE ? PR_FILE : 0) |
 			 (b->seen[i].shared ? PR_SHARED : 0);
@@ -228,7 +228,10 @@ static bool upper_bits_tell(struct mm_struct *mm)
  * pass reads every page table. So each period first clears the PUD and PMD (table) bits from
  * where its walk starts on, an upper-levels-only walk costing one entry per 2 MiB, flushes the
  * TLB (walk.c: the next access walks the tables and sets the bits), and sleeps
- * pagetier_upper_window_ms with the mmap_lock dropped and the address space not held. The walk
+ * pagetier_upper_window_ms with the mmap_lock dropped and the address space not held; a window
+ * after which no PUD entry it cleared has its bit set again (the program touched none of its
+ * tracked memory: stopped, asleep, or not scheduled) is waited again, up to
+ * pagetier_upper_window_max windows in all, as it tells nothing of what is in use. The walk
  * after it re-finds the VMAs and reads the tables below entries used in the window: a region in
  * use is touched within milliseconds, one touched now and then mostly is not. A region whose
  * last read found PT_USED_PAGES or more pages accessed is read again whatever its bits
@@ -244,6 +247,10 @@ static int scan_window(struct pagetier_target *t, unsigned int ms, u64 *busy,
 	struct pagetier_walk w = { .t = t, .upper_only = true,
 				   .cursor = t->pass_started ? t->cursor : 0,
 				   .budget = READ_ONCE(pagetier_scan_budget) };
+	struct pagetier_walk peek = { .t = t, .upper_only = true, .peek = true,
+				      .cursor = w.cursor };
+	unsigned int n, max = READ_ONCE(pagetier_upper_window_max);
+	unsigned long start = w.cursor;
 	u64 t0 = ktime_get_ns();
 
 	mmap_read_lock(t->mm);
@@ -252,9 +259,28 @@ static int scan_window(struct pagetier_target *t, unsigned int ms, u64 *busy,
 	mmput(t->mm);
 	*busy += ktime_get_ns() - t0;
 	*entries += w.entries;
-	if (!pagetier_sleep_us(t, (unsigned long)ms * USEC_PER_MSEC))
-		return -EINTR;
-	return mmget_not_zero(t->mm) ? 0 : -ESRCH;
+	for (n = 1;; n++) {
+		if (!pagetier_sleep_us(t, (unsigned long)ms * USEC_PER_MSEC))
+			return -EINTR;
+		if (!mmget_not_zero(t->mm))
+			return -ESRCH;
+		if (n >= max)
+			break;
+		/* the PUD bits the window cleared: none set again, the target did not run */
+		t0 = ktime_get_ns();
+		peek.cursor = start;
+		peek.young = 0;
+		mmap_read_lock(t->mm);
+		pagetier_walk_all(&peek);
+		mmap_read_unlock(t->mm);
+		*busy += ktime_get_ns() - t0;
+		if (peek.young)
+			break;
+		mmput(t->mm);
+		atomic64_inc(&pagetier_window_waits);
+	}
+	*entries += peek.entries;
+	return 0;
 }
 
 /**

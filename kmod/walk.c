@@ -419,6 +419,10 @@ static unsigned long walk_puds(struct pagetier_walk *w, struct vm_area_struct *v
 		pudval = READ_ONCE(*pud);
 		if (pud_none(pudval) || pud_trans_huge(pudval) || pud_bad(pudval))
 			continue;
+		if (w->upper_only && w->peek) {
+			w->young += test_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pud);
+			continue;
+		}
 		if (w->upper_only)
 			clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pud);
 		else if (w->idle &&
@@ -502,7 +506,7 @@ void pagetier_walk_all(struct pagetier_walk *w)
 			return;
 		}
 		stop = walk_range(w, vma, from, vma->vm_end);
-		if (w->t->ops->flush && stop > from)
+		if (w->t->ops->flush && stop > from && !w->peek)
 			pagetier_flush_range(mm, from, stop);
 		if (stop < vma->vm_end) {
 			w->cursor = stop;
