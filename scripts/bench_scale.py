@@ -221,6 +221,14 @@ def wait_passes(dev, pid: int, n: int, timeout: float) -> dict:
         time.sleep(0.05)
 
 
+def window_waits() -> int | None:
+    """abit's windows waited again because the target touched nothing (modules that count them)."""
+    from pagetier.profiler import kmod
+
+    p = kmod.SYSFS / "window_waits"
+    return int(p.read_text()) if p.exists() else None
+
+
 def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
     """One mode of the loaded module on the running workload: a.intervals reads at its ticks."""
     from pagetier import uapi
@@ -236,6 +244,7 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
         ticks.next()
         dev.read(pid, reset=True, accessed_only=True)
         st0, t0 = dev.stats(pid), time.monotonic()
+        waits0 = window_waits()
         pr = {"count": [], "freq": []}
         pr_reg = {"count": [], "freq": []}
         read_s, trail = [], []
@@ -261,6 +270,7 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
         if st1["scans"] == st0["scans"]:  # no whole pass in the window: wait for one
             st1 = wait_passes(dev, pid, 1, timeout=a.warm_timeout)
             t1 = time.monotonic()
+        waits1 = window_waits()
     finally:
         dev.detach(pid)
     d = {k: st1[k] - st0[k] for k in ("scans", "scan_ns", "probe_ns", "walk_entries",
@@ -272,7 +282,8 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
            "entries_per_pass": d["walk_entries"] / passes, "resumes": d["scan_resumes"],
            "pages_tracked": st1["pages_tracked"], "read_ms": 1e3 * statistics.median(read_s),
            "read_ms_max": 1e3 * max(read_s), **pr_summary(pr["count"]),
-           "freq_pr": pr_summary(pr["freq"]), "trail": trail}
+           "freq_pr": pr_summary(pr["freq"]), "trail": trail,
+           "window_waits": None if waits0 is None else waits1 - waits0}
     if pr_reg["count"]:
         out["regions_pr"] = pr_summary(pr_reg["count"])
         out["regions_freq_pr"] = pr_summary(pr_reg["freq"])
