@@ -124,18 +124,6 @@ def test_prune_keeps_heat_at_the_floor_as_numpy_compares(compiled, monkeypatch):
     assert rest == pytest.approx(float(h[h < np.float32(x)].sum(dtype=np.float64)))
 
 
-def test_take_rows_is_take(compiled, monkeypatch):
-    monkeypatch.setattr(row_merge, "_LIB", compiled)
-    st, _ = run(compiled, monkeypatch, 5, 0.5, [1.0])
-    rng = np.random.default_rng(0)
-    for idx in (rng.integers(0, len(st), 5000), np.arange(0), np.sort(rng.choice(len(st), 300))):
-        got = row_merge.take_rows(st.a, idx)
-        assert got.tobytes() == np.take(st.a, idx).tobytes()
-    assert row_merge.take_rows(st.a, np.array([0, len(st)])) is None  # out of range: numpy's
-    assert row_merge.take_rows(st.a, np.array([-1, 0])) is None
-    np.testing.assert_array_equal(st.rows(np.array([-1])), st.rows(np.array([len(st) - 1])))
-
-
 @pytest.mark.parametrize("decay", [0.5, 0.9])
 def test_columns_are_the_rows_widened(compiled, monkeypatch, decay):
     """PageState.columns: the compiled pass gives the rows' fields as numpy widens them, the
@@ -151,6 +139,11 @@ def test_columns_are_the_rows_widened(compiled, monkeypatch, decay):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         assert g.tobytes() == w.tobytes()
+    # an index out of range is left to numpy (which wraps a negative one or raises)
+    monkeypatch.setattr(row_merge, "_LIB", compiled)
+    assert row_merge.columns(st.a, idx, np.float32(st.scale)) is not None
+    assert row_merge.columns(st.a, np.array([len(st)]), np.float32(st.scale)) is None
+    assert row_merge.columns(st.a, np.array([-1]), np.float32(st.scale)) is None
 
 
 def test_new_interval_and_rated_units_the_same(compiled, monkeypatch):

@@ -2,9 +2,10 @@
 state then does the same with numpy, to the same bits).
 
 At 1 TiB in region units an interval's read brings about 54,000 accessed units among 524,288,
-and the state keeps about 55,000 candidates. numpy looks up the read's keys, gathers the units'
+and the state keeps about 58,000 candidates. numpy looks up the read's keys, gathers the units'
 36-byte rows, compares nodes and sizes, updates five fields and scatters the rows back: a pass
-over scattered rows for each step. Here each is one pass:
+over scattered rows for each step. Here each is one pass, each row fetched a few rows ahead
+of its use so that the cache misses overlap:
 
 - :func:`lookup_rows`: each key's place among the state's sorted keys (a merge-join, as
   pagetier.core.sorted_find), and whether a found unit's node, size or region flag differ from
@@ -12,7 +13,6 @@ over scattered rows for each step. Here each is one pass:
 - :func:`add_accesses`: the accessed units' count, rate, heat and last access, and which of
   them join the candidate set;
 - :func:`prune`: the candidates whose heat decayed below the floor leave the set;
-- :func:`take_rows`: a copy of some units' rows, each row fetched ahead of its copy;
 - :func:`clear_rates`: the rates and counts of the last interval's units cleared;
   :func:`count_rated`: how many of the touched ones have a rate; :func:`has_flag`: which of
   them are candidates;
@@ -55,9 +55,6 @@ class _Lib:
         self.prune = lib.prune
         self.prune.argtypes = [_P, _N, _P, _P, _N, ctypes.c_float, ctypes.c_float, _P]
         self.prune.restype = _N
-        self.take_rows = lib.take_rows
-        self.take_rows.argtypes = [_P, _N, _P, _N, _P]
-        self.take_rows.restype = None
         self.columns = lib.columns
         self.columns.argtypes = [_P, _N, _P, _P, _N, ctypes.c_float, _P, _P, _P, _P, _P, _P]
         self.columns.restype = None
@@ -177,19 +174,6 @@ def prune(a: np.ndarray, cand: np.ndarray, scale: np.float32, floor: np.float32)
     k = _LIB.prune(a.ctypes.data, lay[1], lay[0].ctypes.data, c.ctypes.data, len(c),
                    float(scale), float(floor), dropped.ctypes.data)
     return c[:k], dropped[:len(c) - k]
-
-
-def take_rows(a: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
-    """``np.take(a, idx)`` for int64 ``idx``; None when the library cannot do it (or an index
-    is out of ``range(len(a))``: numpy's way then wraps or raises)."""
-    if _LIB is None or not a.flags.c_contiguous or a.ndim != 1:
-        return None
-    idx = _c(idx, np.int64)
-    if idx is None or (len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= len(a))):
-        return None
-    out = np.empty(len(idx), a.dtype)
-    _LIB.take_rows(a.ctypes.data, a.dtype.itemsize, idx.ctypes.data, len(idx), out.ctypes.data)
-    return out
 
 
 def columns(a: np.ndarray, idx: np.ndarray, scale: np.float32, keys: bool = False):

@@ -148,17 +148,6 @@ int64_t prune(uint8_t *rows, int64_t stride, const int64_t *off, int64_t *cand, 
 	return k;
 }
 
-/* take_rows(rows, stride, idx, m, out): np.take(rows, idx) for whole rows (idx within
- * bounds), each row fetched AHEAD rows before it is copied. */
-void take_rows(const uint8_t *rows, int64_t stride, const int64_t *idx, int64_t m, uint8_t *out)
-{
-	for (int64_t i = 0; i < m; i++) {
-		if (i + AHEAD < m)
-			__builtin_prefetch(rows + idx[i + AHEAD] * stride, 0);
-		memcpy(out + i * stride, rows + idx[i] * stride, (size_t)stride);
-	}
-}
-
 /* columns(rows, stride, off, idx, m, scale, heat, rate, node, npages, last_move, keys): the
  * decision's columns of rows idx[m] (within bounds) in one pass: heat as the stored heat
  * times scale in float32, then widened (as numpy's (h * float32(scale)).astype(float64)),
