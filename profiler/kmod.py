@@ -297,31 +297,39 @@ def resident_bytes(pid: int) -> int:
 GRANULARITIES = ("auto", "page", "region")
 AUTO_REGION_BYTES = 1 << 30  # granularity auto: regions for targets that map more than this
 
-# Fault mode on 4 KiB shared memory and page cache (``kinds`` "auto", module 0.5 on): a target
-# whose tracked memory is mostly shmem or file-backed 4 KiB pages is attached with a sample
-# ratio of KINDS_SAMPLE_RATIO, each page marked every that many scans instead of every scan,
-# so that hinting faults take less of the program's time. Off by default: in bench live
-# (docs/benchmarks.md, "Memory kinds", 2026-12-01) 1 in 4 placed noise0-shmem and noise0-file
-# 1.6-1.7x slower than marking every page (15.6-19.5 s against 8.0-12.4 s to 95%): the counts
-# thin out faster than the program speeds up. A THP anon target is never changed.
+# The mode for 4 KiB shared memory and page cache (``kinds`` "auto", module 0.5 on): in fault
+# mode, a target whose memory is mostly shmem or file-backed 4 KiB pages (or a private file
+# mapping's copies of them: anonymous 4 KiB pages in a file VMA) is attached in abit mode.
+# Fault mode takes a hinting fault on every 4 KiB page it marks, in the program's own time (a
+# THP anon target takes one per 2 MiB); abit tests and clears Accessed bits in the module's
+# scan and takes no faults. Other anonymous memory, THP or not, keeps the configured mode.
+# Measured in bench live: docs/benchmarks.md, "Memory kinds".
 KINDS = ("auto", "off")
-KINDS_SAMPLE_RATIO = 4
+KINDS_MODE = "abit"
 # too little of either kind to tell yet: decided again when the target has more (refresh)
 KINDS_MIN_BYTES = 16 << 20
 
 
 def memory_mix(pid: int) -> dict[str, int] | None:
-    """Bytes of ``pid``'s resident memory from /proc/PID/smaps_rollup: ``anon`` (private
-    anonymous, in file mappings too: copies of a private file's pages) and ``anon_huge`` (of
-    it, in THP); None when the file cannot be read (gone, or no permission)."""
+    """Bytes of ``pid``'s resident memory from /proc/PID/smaps: ``anon`` (private anonymous,
+    in file mappings too), ``anon_huge`` (of it, in THP), ``anon_file`` (of it, in file
+    mappings: the copies of a private file mapping's pages, always 4 KiB) and ``rss``; None
+    when the file cannot be read (gone, or no permission)."""
     keys = {"Anonymous:": "anon", "AnonHugePages:": "anon_huge", "Rss:": "rss"}
-    out = dict.fromkeys(keys.values(), 0)
+    out = dict.fromkeys((*keys.values(), "anon_file"), 0)
+    in_file = False
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
+        with open(f"/proc/{pid}/smaps") as f:
             for line in f:
                 k, _, rest = line.partition(" ")
                 if k in keys:
-                    out[keys[k]] = int(rest.split()[0]) * 1024
+                    n = int(rest.split()[0]) * 1024
+                    out[keys[k]] += n
+                    if in_file and k == "Anonymous:":
+                        out["anon_file"] += n
+                elif not k.endswith(":"):  # a mapping's first line: ADDR PERMS OFFSET DEV INODE PATH
+                    fields = rest.split(maxsplit=4)
+                    in_file = len(fields) == 5 and fields[3] != "0" and fields[4].startswith("/")
     except (OSError, ValueError, IndexError):
         return None
     return out
@@ -333,8 +341,7 @@ class KmodProfiler(Profiler):
 
     def __init__(self, mode: str = "fault", scan_period_ms: int = 0, sample_ratio: int = 0,
                  page_budget: int = 0, load: bool = True, granularity: str = "auto",
-                 readonly_files: bool = False, kinds: str = "off",
-                 kinds_sample_ratio: int = KINDS_SAMPLE_RATIO):
+                 readonly_files: bool = False, kinds: str = "auto"):
         """``granularity``: the units reads list. "page": a record per 4 KiB page and per huge
         mapping; "region": a record per 2 MiB region (512 times fewer for 4 KiB pages, moved
         whole); "auto" (default): regions for a target with more than 1 GiB of present pages
@@ -343,19 +350,13 @@ class KmodProfiler(Profiler):
         ``readonly_files``: also track read-only file mappings (shared libraries, files mapped
         PROT_READ), which the module leaves out by default as NUMA balancing does. Module 0.5.
 
-        ``kinds``: "auto": in fault mode, with no ``sample_ratio`` or ``page_budget`` given, a
-        target whose tracked memory is mostly 4 KiB shmem or page-cache pages is marked 1 page
-        in ``kinds_sample_ratio`` each scan (see KINDS_SAMPLE_RATIO and :meth:`choose`); "off"
-        (default): every target as configured. :attr:`tuning` says what each target got and
-        why."""
+        ``kinds``: "auto" (default): in fault mode, with no ``sample_ratio`` or ``page_budget``
+        given, a target whose memory is mostly 4 KiB shmem or page-cache pages (or a private
+        file mapping's copies of them) is attached in abit mode (KINDS_MODE, :meth:`choose`),
+        every other target in ``mode``; "off": every target in ``mode``. :attr:`tuning` says
+        what each target got and why."""
         if kinds not in KINDS:
             raise ConfigError(f"kmod: unknown kinds {kinds!r} (known: {', '.join(KINDS)})")
-        try:
-            kinds_sample_ratio = int(kinds_sample_ratio)
-        except (TypeError, ValueError):
-            kinds_sample_ratio = 0
-        if not 1 <= kinds_sample_ratio <= uapi.SAMPLE_RATIO_MAX:
-            raise ConfigError(f"kmod: kinds_sample_ratio must be in [1, {uapi.SAMPLE_RATIO_MAX}]")
         if mode not in uapi.MODES:
             raise ConfigError(f"kmod: unknown mode {mode!r} (known: {', '.join(uapi.MODES)})")
         if granularity not in GRANULARITIES:
@@ -377,9 +378,9 @@ class KmodProfiler(Profiler):
             raise ConfigError(f"kmod: granularity region needs pagetier.ko 0.4 or later; the "
                               f"loaded module is {version[0]}.{version[1]} (pagetier kmod load)")
         self.granularity = granularity
-        self.kinds, self.kinds_sample_ratio = kinds, kinds_sample_ratio
-        # pid -> what it was attached with: sample_ratio, why, and whether that is settled
-        # (False: too little memory to tell yet, see :meth:`retune`)
+        self.kinds = kinds
+        # pid -> what it was attached with: mode, sample_ratio, why, and whether that is
+        # settled (False: too little memory to tell yet, see :meth:`retune`)
         self.tuning: dict[int, dict] = {}
         self._regions: dict[int, bool] = {}  # pid -> whether its reads list regions
         self.pids: set[int] = set()
@@ -394,67 +395,74 @@ class KmodProfiler(Profiler):
     def attach(self, pid: int) -> None:
         """Attach, then wait (FIRST_SCAN_WAIT_S at most) for the module's first scan of the
         target: until it ends the module knows only part of the target's pages. With
-        ``kinds`` auto, that scan's kinds choose the target's sample ratio (:meth:`choose`):
-        when it is not the configured one, the target is attached again with it."""
-        self._attach(pid, self.sample_ratio)
+        ``kinds`` auto, that scan's kinds choose the target's mode (:meth:`choose`): when it is
+        not the configured one, the target is attached again in it."""
+        self._attach(pid, self.mode)
         choice = self.choose(pid)
-        if choice["sample_ratio"] != self.sample_ratio:
+        if choice["mode"] != self.mode:
             self.dev.detach(pid)
-            self._attach(pid, choice["sample_ratio"])
+            self._attach(pid, choice["mode"])
         self.tuning[pid] = choice
 
-    def _attach(self, pid: int, sample_ratio: int) -> None:
-        self.dev.attach(pid, self.mode, self.scan_period_ms, sample_ratio, self.page_budget,
+    def _attach(self, pid: int, mode: str) -> None:
+        self.dev.attach(pid, mode, self.scan_period_ms, self.sample_ratio, self.page_budget,
                         self.attach_flags)
         self.pids.add(pid)
         deadline = time.monotonic() + FIRST_SCAN_WAIT_S
         while not self._scanned(pid) and time.monotonic() < deadline:
             time.sleep(0.01)
 
+    def mode_of(self, pid: int) -> str:
+        """The mode ``pid`` is attached in (the configured one until :meth:`attach` chose)."""
+        return self.tuning.get(pid, {}).get("mode", self.mode)
+
     def choose(self, pid: int) -> dict:
-        """The sample ratio for attached ``pid``, from the module's last scan of it: the
-        configured one, or with ``kinds`` auto in fault mode and no ratio or page budget
-        configured, ``kinds_sample_ratio`` where its tracked 4 KiB shmem and file pages
-        (``pages_shmem`` + ``pages_file``) are at least KINDS_MIN_BYTES and more than its
-        anonymous memory (/proc/PID/smaps_rollup). Returns {"sample_ratio", "why", "settled",
-        "shared_file_bytes", "anon_bytes"}; not settled while the target has under
+        """The mode for attached ``pid``, from the module's last scan of it: the configured
+        one, or with ``kinds`` auto in fault mode and no sample ratio or page budget
+        configured, KINDS_MODE where its 4 KiB shmem and file pages (the module's
+        ``pages_shmem`` + ``pages_file``, and the anonymous copies of a private file mapping's
+        pages in /proc/PID/smaps) are at least KINDS_MIN_BYTES and more than its other
+        anonymous memory. Returns {"mode", "sample_ratio" (the configured one), "why",
+        "settled", "shared_file_bytes", "anon_bytes"}; not settled while the target has under
         KINDS_MIN_BYTES of both (a program just started: see :meth:`retune`)."""
-        out = {"sample_ratio": self.sample_ratio, "settled": True}
+        out = {"mode": self.mode, "sample_ratio": self.sample_ratio, "settled": True}
         if self.kinds != "auto":
             return dict(out, why="")  # nothing chosen: nothing to say
         if self.mode != "fault" or not self.has_kinds:
-            return dict(out, why="as configured (abit mode, or a module before 0.5)")
+            return dict(out, why=f"{self.mode} mode as configured" + (
+                "" if self.has_kinds else " (a module before 0.5 tracks no kinds)"))
         if self.sample_ratio > 1 or self.page_budget:
-            return dict(out, why="as configured (sample_ratio or page_budget given)")
+            return dict(out, why="fault mode as configured (sample_ratio or page_budget given)")
         try:
             st = self.dev.stats(pid)
         except KmodError as e:
             if e.errno != errno.ESRCH:
                 raise
             return dict(out, why="gone")
-        small = (int(st.get("pages_shmem", 0)) + int(st.get("pages_file", 0))) * 4096
-        mix = memory_mix(pid) or {"anon": 0}
-        anon = int(mix["anon"])
+        mix = memory_mix(pid) or {"anon": 0, "anon_file": 0}
+        copies = int(mix.get("anon_file", 0))
+        small = (int(st.get("pages_shmem", 0)) + int(st.get("pages_file", 0))) * 4096 + copies
+        anon = int(mix["anon"]) - copies
         out.update(shared_file_bytes=small, anon_bytes=anon)
-        mib = f"{small / (1 << 20):.1f} MiB of 4 KiB shmem/file pages, {anon / (1 << 20):.1f} " \
-              "MiB anonymous"
+        mib = (f"{small / (1 << 20):.1f} MiB of 4 KiB shmem/file pages"
+               + (f" ({copies / (1 << 20):.1f} MiB private copies)" if copies else "")
+               + f", {anon / (1 << 20):.1f} MiB anonymous")
         if small >= KINDS_MIN_BYTES and small > anon:
-            return dict(out, sample_ratio=self.kinds_sample_ratio,
-                        why=f"{mib}: 1 page in {self.kinds_sample_ratio} marked each scan")
+            return dict(out, mode=KINDS_MODE,
+                        why=f"{mib}: {KINDS_MODE} mode (no hinting faults on 4 KiB pages)")
         settled = max(small, anon) >= KINDS_MIN_BYTES
         return dict(out, settled=settled,
-                    why=f"{mib}: every page marked each scan" + ("" if settled else
-                                                                  " (too little to tell yet)"))
+                    why=f"{mib}: fault mode" + ("" if settled else " (too little to tell yet)"))
 
     def retune(self, pid: int) -> bool:
-        """For a target whose choice was not settled: choose again; True when the sample ratio
-        it should have differs from its own (the caller attaches it again: detach, attach)."""
+        """For a target whose choice was not settled: choose again; True when the mode it
+        should have differs from its own (the caller attaches it again: detach, attach)."""
         t = self.tuning.get(pid)
         if t is None or t["settled"] or pid not in self.pids:
             return False
         choice = self.choose(pid)
-        if choice["sample_ratio"] == t["sample_ratio"]:
-            self.tuning[pid] = dict(choice, sample_ratio=t["sample_ratio"])
+        if choice["mode"] == t["mode"]:
+            self.tuning[pid] = choice
             return False
         return True
 
@@ -473,7 +481,7 @@ class KmodProfiler(Profiler):
         if not self.has_freq or windows <= 0:
             return None
         try:
-            return self.dev.stats(pid)["scans"] >= (1 if self.mode == "abit" else 2)
+            return self.dev.stats(pid)["scans"] >= (1 if self.mode_of(pid) == "abit" else 2)
         except KmodError as e:
             if e.errno != errno.ESRCH:
                 raise
@@ -565,7 +573,7 @@ class KmodProfiler(Profiler):
     def prepare_move(self, pid: int, addrs: np.ndarray) -> None:
         """Before the daemon moves units: pages fault mode left PROT_NONE cannot be moved by
         move_pages on every kernel (6.1), so make them accessible; the next scan marks again."""
-        if self.mode != "fault" or not len(addrs):
+        if self.mode_of(pid) != "fault" or not len(addrs):
             return
         try:
             self.dev.unmark(pid, addrs)

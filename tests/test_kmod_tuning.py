@@ -1,7 +1,7 @@
-"""The kmod profiler's per-target sample ratio (kinds "auto"): a target whose memory is mostly
-4 KiB shared memory or page cache is marked 1 page in kinds_sample_ratio each scan, others as
-configured; a program too small to tell at attach is decided again when it has grown. With a
-fake /dev/pagetier: what the module is asked to attach, and what the daemon logs and reports."""
+"""The kmod profiler's per-target mode (kinds "auto", the default): a target whose memory is
+mostly 4 KiB shared memory or page cache is attached in abit mode, others in the configured
+mode; a program too small to tell at attach is decided again when it has grown. With a fake
+/dev/pagetier: what the module is asked to attach, and what the daemon logs and reports."""
 from __future__ import annotations
 
 import logging
@@ -16,61 +16,147 @@ MIB = 1 << 20
 
 class FakeDev:
     def __init__(self):
-        self.attached: dict[int, int] = {}  # pid -> sample ratio
+        self.attached: dict[int, str] = {}  # pid -> mode
         self.calls: list[tuple] = []
         self.kinds_pages = {}  # pid -> pages_shmem + pages_file
+        self.file_pages = {}  # pid -> pages_file (of kinds_pages)
 
     def attach(self, pid, mode, period, ratio, budget, flags):
-        self.calls.append(("attach", pid, ratio))
-        self.attached[pid] = ratio
+        self.calls.append(("attach", pid, mode, ratio))
+        self.attached[pid] = mode
 
     def detach(self, pid):
         self.calls.append(("detach", pid))
         self.attached.pop(pid, None)
 
     def stats(self, pid):
-        return {"scans": 1, "pages_shmem": self.kinds_pages.get(pid, 0), "pages_file": 0}
+        file = self.file_pages.get(pid, 0)
+        return {"scans": 1, "pages_shmem": self.kinds_pages.get(pid, 0) - file,
+                "pages_file": file}
 
 
-def profiler(monkeypatch, anon: dict, **opts):
-    """A KmodProfiler on FakeDev; ``anon``: pid -> bytes of anonymous memory (smaps_rollup)."""
+def profiler(monkeypatch, anon: dict, copies: dict | None = None, **opts):
+    """A KmodProfiler on FakeDev; ``anon``: pid -> bytes of anonymous memory (smaps), of them
+    ``copies``: pid -> bytes in file mappings."""
     p = object.__new__(kmod.KmodProfiler)
     p.mode, p.scan_period_ms = opts.get("mode", "fault"), 250
     p.sample_ratio, p.page_budget = opts.get("sample_ratio", 0), opts.get("page_budget", 0)
     p.attach_flags, p.has_kinds, p.has_freq, p.has_regions = 0, True, True, True
     p.kinds = opts.get("kinds", "auto")
-    p.kinds_sample_ratio = opts.get("kinds_sample_ratio", kmod.KINDS_SAMPLE_RATIO)
     p.tuning, p._regions, p.pids, p.dev = {}, {}, set(), FakeDev()
-    monkeypatch.setattr(kmod, "memory_mix", lambda pid: {"anon": anon.get(pid, 0),
-                                                         "anon_huge": 0, "rss": 0})
+    monkeypatch.setattr(kmod, "memory_mix", lambda pid: {
+        "anon": anon.get(pid, 0), "anon_huge": 0, "rss": 0,
+        "anon_file": (copies or {}).get(pid, 0)})
     return p
 
 
-def test_mostly_4k_shared_memory_is_sampled_and_says_why(monkeypatch):
-    p = profiler(monkeypatch, {1: 2 * MIB})
-    p.dev.kinds_pages[1] = 256 * MIB // 4096
+def test_auto_is_the_default():
+    import inspect
+
+    assert inspect.signature(kmod.KmodProfiler).parameters["kinds"].default == "auto"
+
+
+@pytest.mark.parametrize("kinds_mib, file_mib, anon_mib", [
+    (256, 0, 2),    # MAP_SHARED|MAP_ANONYMOUS, memfd, /dev/shm
+    (256, 256, 0),  # a shared file mapping: page cache
+    (16, 8, 15),    # just enough of both, just more than the anonymous part
+])
+def test_mostly_4k_shared_memory_or_page_cache_runs_in_abit_and_says_why(
+        monkeypatch, kinds_mib, file_mib, anon_mib):
+    """Attached in the configured fault mode for its first scan, then again in abit; the
+    tuning says which and why, and the configured sample ratio is left as it was."""
+    p = profiler(monkeypatch, {1: anon_mib * MIB})
+    p.dev.kinds_pages[1] = kinds_mib * MIB // 4096
+    p.dev.file_pages[1] = file_mib * MIB // 4096
     p.attach(1)
-    assert p.dev.attached == {1: kmod.KINDS_SAMPLE_RATIO}
+    assert p.dev.calls == [("attach", 1, "fault", 0), ("detach", 1), ("attach", 1, "abit", 0)]
+    assert p.dev.attached == {1: "abit"} and p.mode_of(1) == "abit"
     t = p.tuning[1]
-    assert t["sample_ratio"] == kmod.KINDS_SAMPLE_RATIO and t["settled"]
-    assert "256.0 MiB of 4 KiB shmem/file" in t["why"] and f"1 page in {kmod.KINDS_SAMPLE_RATIO}" in t["why"]
+    assert t["mode"] == "abit" and t["sample_ratio"] == 0 and t["settled"]
+    assert f"{kinds_mib:.1f} MiB of 4 KiB shmem/file" in t["why"] and "abit mode" in t["why"]
 
 
-@pytest.mark.parametrize("opts", [{}, {"kinds": "off"}, {"sample_ratio": 2},
-                                  {"page_budget": 1000}, {"mode": "abit"}])
-def test_anon_targets_and_configured_ratios_are_attached_once_as_configured(monkeypatch, opts):
-    """THP anon (more anonymous memory than shmem/file), kinds off, a ratio or page budget the
-    configuration gives, abit mode: one attach, with the configured ratio."""
-    p = profiler(monkeypatch, {1: (0 if opts else 256) * MIB}, **opts)
-    p.dev.kinds_pages[1] = (256 if opts else 1) * MIB // 4096
+def test_a_private_file_mappings_copies_run_in_abit(monkeypatch):
+    """MAP_PRIVATE of a file, every page written: the module sees anonymous pages, smaps
+    shows them in the file's mapping; they are 4 KiB copies of its pages, attached in abit."""
+    p = profiler(monkeypatch, {1: 258 * MIB}, copies={1: 256 * MIB})
     p.attach(1)
-    assert p.dev.calls == [("attach", 1, opts.get("sample_ratio", 0))]
+    assert p.dev.attached == {1: "abit"}
+    assert "256.0 MiB of 4 KiB shmem/file pages (256.0 MiB private copies), 2.0 MiB " \
+           "anonymous: abit mode" in p.tuning[1]["why"]
+
+
+def test_memory_mix_counts_anonymous_pages_in_file_mappings_apart(tmp_path, monkeypatch):
+    smaps = tmp_path / "smaps"
+    smaps.write_text(
+        "55d0a000-55d0b000 rw-p 00001000 08:01 131 /usr/bin/x\n"
+        "Rss:                   8 kB\nAnonymous:             4 kB\nAnonHugePages:         0 kB\n"
+        "7f0000000000-7f0010000000 rw-p 00000000 08:01 77 /mnt/data (deleted)\n"
+        "Rss:              262144 kB\nAnonymous:        262144 kB\nAnonHugePages:         0 kB\n"
+        "7f1000000000-7f1000200000 rw-s 00000000 00:01 4242 /dev/zero (deleted)\n"
+        "Rss:                2048 kB\nAnonymous:             0 kB\nAnonHugePages:         0 kB\n"
+        "7f2000000000-7f2004000000 rw-p 00000000 00:00 0 \n"
+        "Rss:               65536 kB\nAnonymous:         65536 kB\nAnonHugePages:     65536 kB\n"
+        "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n"
+        "Rss:                  16 kB\nAnonymous:            16 kB\nAnonHugePages:         0 kB\n")
+    real = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: real(smaps if str(p).endswith(
+        "/smaps") else p, *a, **k))
+    kib = 1024
+    assert kmod.memory_mix(1) == {"anon": (4 + 262144 + 65536 + 16) * kib,
+                                  "anon_huge": 65536 * kib, "rss": (8 + 262144 + 2048 + 65536 + 16) * kib,
+                                  "anon_file": (4 + 262144) * kib}
+    assert kmod.memory_mix(2**31) is not None  # the fake file for any pid
+    monkeypatch.setattr("builtins.open", real)
+    assert kmod.memory_mix(2**31) is None  # no such process
+
+
+@pytest.mark.parametrize("opts, anon_mib, kinds_mib, why", [
+    ({}, 256, 1, "fault mode"),                 # THP anon: more anonymous memory than the rest
+    ({}, 256, 255, "fault mode"),               # a little less shmem than anonymous memory
+    ({"kinds": "off"}, 0, 256, ""),
+    ({"sample_ratio": 2}, 0, 256, "sample_ratio or page_budget given"),
+    ({"page_budget": 1000}, 0, 256, "sample_ratio or page_budget given"),
+    ({"mode": "abit"}, 0, 256, "abit mode as configured"),
+])
+def test_anon_targets_and_configured_modes_are_attached_once_as_configured(
+        monkeypatch, opts, anon_mib, kinds_mib, why):
+    """Anonymous memory, kinds off, a ratio or page budget the configuration gives, abit
+    configured: one attach, in the configured mode, with the configured ratio."""
+    p = profiler(monkeypatch, {1: anon_mib * MIB}, **opts)
+    p.dev.kinds_pages[1] = kinds_mib * MIB // 4096
+    p.attach(1)
+    mode = opts.get("mode", "fault")
+    assert p.dev.calls == [("attach", 1, mode, opts.get("sample_ratio", 0))]
+    assert p.tuning[1]["mode"] == mode == p.mode_of(1)
     assert p.tuning[1]["sample_ratio"] == opts.get("sample_ratio", 0)
+    assert why in p.tuning[1]["why"] and (why or not p.tuning[1]["why"])
+
+
+def test_the_chosen_mode_decides_first_estimate_and_unmark(monkeypatch):
+    """A target in abit has its estimate after one scan and nothing to unmark before a move;
+    an anonymous one beside it, in fault mode, waits for two scans and is unmarked."""
+    import numpy as np
+
+    p = profiler(monkeypatch, {1: 0, 2: 256 * MIB})
+    p.dev.kinds_pages[1] = 256 * MIB // 4096
+    unmarked = []
+    p.dev.unmark = lambda pid, addrs: unmarked.append(pid) or len(addrs)
+    monkeypatch.setattr(kmod.KmodProfiler, "_scanned", lambda self, pid: True)
+    p.attach(1)
+    p.attach(2)
+    assert (p.mode_of(1), p.mode_of(2)) == ("abit", "fault")
+    monkeypatch.setattr(kmod, "SYSFS", type("S", (), {"__truediv__": lambda self, n: type(
+        "F", (), {"read_text": lambda self: "4"})()})())
+    assert p.first_estimate_ready(1) is True and p.first_estimate_ready(2) is False
+    for pid in (1, 2):
+        p.prepare_move(pid, np.array([0x1000], np.uint64))
+    assert unmarked == [2]
 
 
 def test_a_program_that_grows_into_shared_memory_is_attached_again(monkeypatch, caplog):
     """`pagetier run`: the program has almost nothing mapped at attach, later maps a 128 MiB
-    shmem segment: the daemon's refresh attaches it again with the kinds' ratio, once."""
+    shmem segment: the daemon's refresh attaches it again in abit mode, once."""
     from pagetier.core.state import PageState
     from pagetier.daemon.targets import Targets
 
@@ -79,27 +165,36 @@ def test_a_program_that_grows_into_shared_memory_is_attached_again(monkeypatch, 
     tr.alive = lambda pid: True
     with caplog.at_level(logging.INFO, "pagetier.daemon"):
         assert tr.attach(7)
-        assert p.tuning[7]["settled"] is False and p.dev.attached == {7: 0}
+        assert p.tuning[7]["settled"] is False and p.dev.attached == {7: "fault"}
         assert "too little to tell yet" in caplog.text
         tr.refresh()  # nothing new: left alone
-        assert p.dev.calls == [("attach", 7, 0)]
+        assert p.dev.calls == [("attach", 7, "fault", 0)]
         p.dev.kinds_pages[7] = 128 * MIB // 4096
         tr.refresh()
-        assert p.dev.attached == {7: kmod.KINDS_SAMPLE_RATIO} and 7 in tr.pids
+        assert p.dev.attached == {7: "abit"} and 7 in tr.pids
         n = len(p.dev.calls)
         tr.refresh()
         assert len(p.dev.calls) == n  # settled: not again
-    assert "attaching it again" in caplog.text and "1 page in 4" in caplog.text
+    assert "attaching it again" in caplog.text and "abit mode" in caplog.text
+
+
+def test_a_small_program_that_grows_anonymous_memory_stays_in_fault_mode(monkeypatch):
+    p = profiler(monkeypatch, {7: 1 * MIB})
+    p.attach(7)
+    assert p.retune(7) is False and not p.tuning[7]["settled"]
+    p.dev.kinds_pages[7] = 8 * MIB // 4096
+    memo = {7: 64 * MIB}
+    monkeypatch.setattr(kmod, "memory_mix", lambda pid: {"anon": memo[pid]})
+    assert p.retune(7) is False and p.tuning[7]["settled"] and p.tuning[7]["mode"] == "fault"
+    assert p.dev.calls == [("attach", 7, "fault", 0)]
 
 
 def test_bad_kinds_options_are_errors_before_anything_is_loaded(monkeypatch):
     monkeypatch.setattr(kmod, "load_module", lambda: pytest.fail("loaded the module"))
     with pytest.raises(ConfigError, match="unknown kinds 'on'"):
         kmod.KmodProfiler(kinds="on")
-    with pytest.raises(ConfigError, match="kinds_sample_ratio must be in"):
-        kmod.KmodProfiler(kinds_sample_ratio=0)
-    with pytest.raises(ConfigError, match="kinds_sample_ratio must be in"):
-        kmod.KmodProfiler(kinds_sample_ratio="x")
+    with pytest.raises(TypeError):
+        kmod.KmodProfiler(kinds_sample_ratio=4)  # gone: abit is the one way for these kinds
 
 
 def test_a_page_two_targets_map_is_counted_once_on_the_fast_node(monkeypatch):
@@ -158,6 +253,6 @@ def test_with_kinds_off_the_attach_log_says_nothing_more(monkeypatch, caplog):
     tr = Targets(p, PageState())
     with caplog.at_level(logging.INFO, "pagetier.daemon"):
         assert tr.attach(3)
-    assert p.dev.calls == [("attach", 3, 0)]
+    assert p.dev.calls == [("attach", 3, "fault", 0)]
     [msg] = [r.getMessage() for r in caplog.records]
     assert msg.startswith("attached to pid 3 (") and msg.endswith(")")

@@ -262,7 +262,7 @@ QUICK_SCENARIOS = ("noise0", "noise100", "fuller", "phases")
 QUICK_NOISE_SECONDS = 40
 
 
-PROFILER_OPTIONS = ("kinds", "kinds_sample_ratio", "sample_ratio", "page_budget",
+PROFILER_OPTIONS = ("kinds", "sample_ratio", "page_budget",
                     "granularity")
 
 

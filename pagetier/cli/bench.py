@@ -321,7 +321,7 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
                    "their medians and list each run")
 @click.option("--profiler-option", "-O", "profiler_opts", multiple=True, metavar="KEY=VALUE",
               help="a kmod profiler option for pagetier's runs (as the config's "
-                   "profiler_options), e.g. -O kinds=off or -O kinds_sample_ratio=8")
+                   "profiler_options), e.g. -O kinds=off or -O sample_ratio=8")
 @click.option("--list", "list_only", is_flag=True, help="list the scenarios and exit")
 @click.option("--json", "as_json", is_flag=True, help="write only the results, as JSON, to stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="also write the results here")

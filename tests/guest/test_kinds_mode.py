@@ -1,0 +1,87 @@
+"""The kmod profiler's mode per target (``kinds`` auto, the default), in the two-node VM: a
+target whose memory is mostly 4 KiB shared memory is attached in abit mode, an anonymous one
+in the configured fault mode, and the module's own stats say so; under the daemon, a shmem
+target's hot part reaches the fast node in abit mode and stays there.
+
+    scripts/vm --kernel 6.12 --hmat -- .venv/bin/python -m pytest -q tests/guest/test_kinds_mode.py
+
+Behaviour, not timing: each test waits for what it checks with generous deadlines and reads
+the built-in workload's own truth (the share of its hot pages on node 0, from move_pages).
+Needs pagetier.ko 0.5 (it counts accesses to shmem and page-cache pages).
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pagetier import uapi
+from pagetier.bench.live import vmstat
+from pagetier.profiler import kmod
+from pagetier.workload import Workload
+
+from daemon_run import DaemonRun
+
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kmod_loaded")]
+MIB = 1 << 20
+WAIT = 900  # seconds: a daemon's start (imports) alone can take minutes on a loaded host
+HOT_MB = 32
+
+
+def test_shmem_target_is_attached_in_abit_and_anon_in_fault_mode():
+    """One profiler with the defaults (fault mode, kinds auto), two targets: 64 MiB of shared
+    memory and 64 MiB of THP anonymous memory. The tuning and the module's stats say abit for
+    the first and fault for the second, and both are counted."""
+    args = ("--size", "64", "--hot", "16", "--duration", "0", "--quiet")
+    with Workload("--memory", "shmem", *args) as shm, Workload(*args) as anon:
+        prof = kmod.KmodProfiler(load=False)
+        try:
+            prof.attach(shm.pid)
+            prof.attach(anon.pid)
+            got = {pid: (prof.tuning[pid]["mode"], prof.stats(pid)["mode"])
+                   for pid in (shm.pid, anon.pid)}
+            why = {pid: prof.tuning[pid]["why"] for pid in got}
+            assert got[shm.pid] == ("abit", uapi.MODES["abit"]), why
+            assert got[anon.pid] == ("fault", uapi.MODES["fault"]), why
+            assert "abit mode" in why[shm.pid] and "fault mode" in why[anon.pid], why
+            deadline = time.monotonic() + 120
+            counted = set()
+            while counted != set(got) and time.monotonic() < deadline:
+                time.sleep(1.0)
+                counted |= {pid for pid in got if (prof.read(pid).count > 0).any()}
+            assert counted == set(got), f"no counts for {set(got) - counted}: {why}"
+        finally:
+            prof.close()
+
+
+def test_shmem_hot_part_reaches_the_fast_node_in_abit_mode(env):
+    """256 MiB of shared memory first touched on node 1, 32 MiB hot, a 96 MiB budget, `pagetier
+    attach` with the default profiler options: the attach says abit, the hot part reaches node
+    0 and stays, within the budget, with at most 1.5 times the hot part migrated."""
+    with Workload("--memory", "shmem", "--size", "256", "--hot", str(HOT_MB), "--start-node",
+                  "1", "--duration", "0") as w:
+        mig0 = vmstat("pgmigrate_success")
+        d = DaemonRun(["attach", str(w.pid), "--json", "--fast-budget", "96M", "--interval", "1",
+                       "--profiler", "kmod"], env)
+        try:
+            shares = []
+            deadline = time.monotonic() + WAIT
+            while time.monotonic() < deadline:
+                t = w.next_tick()
+                assert t is not None, f"the workload ended: {w.done}; {d.stderr[-2000:]}"
+                shares.append(t["fast_fraction"])
+                if len(shares) > 3 and min(shares[-4:]) >= 0.95:
+                    break
+            moved = vmstat("pgmigrate_success") - mig0
+            d.stop()
+        finally:
+            if d.proc.poll() is None:
+                d.stop()
+        why = (f"shares {[round(s, 2) for s in shares]}; {moved} pages migrated; "
+               f"stderr: {d.stderr[-2000:]}")
+        print(why)
+        assert "abit mode (no hinting faults on 4 KiB pages)" in d.stderr, why
+        assert shares and min(shares[-4:]) >= 0.95, "did not reach node 0 and stay: " + why
+        assert all(s["fast_used"] <= 96 * MIB for s in d.stats), why
+        assert moved <= 1.5 * HOT_MB * MIB // 4096, why
+        assert w.stop() == 0, "the workload's memory check failed"
