@@ -399,8 +399,8 @@ class Daemon:
                  "t": round(self.clock.monotonic() - self._t0, 3),
                  "targets": len(self.targets), "units": len(self.state)}
         tuning = getattr(self.profiler, "tuning", None)
-        if tuning:  # kmod: each target's sample ratio (1: every page each scan; kinds "auto")
-            stats["sample_ratio"] = {str(pid): t["sample_ratio"] for pid, t in tuning.items()}
+        if tuning:  # kmod: each target's mode (kinds "auto" chooses it per target at attach)
+            stats["modes"] = {str(pid): t["mode"] for pid, t in tuning.items()}
         stats.update(self._step_stats(out))
         stats.update(merge_s=round(merge_s, 6),  # PageState bookkeeping of the samples
                      decide_s=round(out.decide_s, 6),

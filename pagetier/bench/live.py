@@ -607,7 +607,7 @@ class ConfigRun:
     DAEMON_KEYS = ("t", "early", "looked", "units", "promoted", "demoted", "fast_used", "cpu_s",
                    "wall_s", "deferred", "clipped", "limit", "rate_pages", "throughput_mb_s",
                    "merge_s", "decide_s", "move_s", "profiler_scan_s", "policy", "errors",
-                   "fast_capacity", "fast_room", "wanted_bytes", "sample_ratio")
+                   "fast_capacity", "fast_room", "wanted_bytes", "modes")
 
     def __init__(self, name: str, spec: Spec, log=print, file_dir: Path | None = None):
         self.name, self.spec, self.log = name, spec, log
