@@ -99,7 +99,13 @@ def env(tmp_path):
 
 @pytest.fixture
 def numab_on():
-    """numa_balancing 1 before the daemon starts, so that 'restored' means something."""
+    """numa_balancing 1 before the daemon starts, so that 'restored' means something. Only the
+    tests of restoring it ask for this: each change between 0 and not 0 patches the kernel's
+    code (the sched_numa_balancing static key, in task_numa_fault among others), and with it on
+    the kernel marks every process's pages, so hinting faults run through that code as it is
+    patched. Under emulation that once left a CPU on a stale int3 there ("Oops: int3" at
+    task_numa_fault and the guest's panic, in a clean-clone CI run): most likely the software
+    CPU's doing, as the same Oops came once in a boot before anything of ours ran."""
     NUMAB.write_text("1")
     yield
     NUMAB.write_text("0")

@@ -27,14 +27,14 @@ MIB = 1 << 20
 WAIT = 900  # seconds: a daemon's start (imports) alone can take minutes on a loaded host
 
 
-def clean_exit(d: DaemonRun, rc: int = 0, numab: str = "1") -> None:
+def clean_exit(d: DaemonRun, rc: int = 0, numab: str = "0") -> None:
     assert d.proc.returncode == rc, d.stderr[-3000:]
     assert "Traceback" not in d.stderr, d.stderr[-3000:]
     assert NUMAB.read_text().strip() == numab, "numa_balancing not restored"
     assert targets() == "", f"left attached: {targets()}"
 
 
-def test_target_killed_mid_migration(env, numab_on):
+def test_target_killed_mid_migration(env, numab_off):
     """SIGKILL the target while the daemon promotes its pages (three times, at different
     moments): the daemon notices, detaches, ends with 'all targets exited'."""
     for delay in (0.0, 0.3, 1.0):
@@ -86,13 +86,13 @@ def test_fast_node_full(env, numab_off):
             hog.stop()
     print(f"fast node full: hog {hog_mb} MiB; nomem pages per interval: "
           f"{[s['nomem'] for s in d.stats if s['nomem']][:10]}")
-    clean_exit(d, numab="0")
+    clean_exit(d)
     assert "node 0 is full (" in d.stderr
     assert "node 0 has free memory again" in d.stderr
     assert w.stop() == 0
 
 
-def test_rmmod_under_daemon(env, numab_on):
+def test_rmmod_under_daemon(env, numab_off):
     """The module cannot go away under a daemon (it holds /dev/pagetier): rmmod is refused with
     a message saying it is in use, and the daemon goes on as if nothing happened."""
     w = Workload("--size", "32", "--hot", "8", "--start-node", "1", "--duration", "0", "--quiet")
@@ -112,7 +112,7 @@ def test_rmmod_under_daemon(env, numab_on):
     kmod.load_module()
 
 
-def test_target_detached_behind_its_back(env, numab_on):
+def test_target_detached_behind_its_back(env, numab_off):
     """Someone else detaches the daemon's target (a profiler error on the next read): the daemon
     says so, attaches again and keeps managing it."""
     w = Workload("--size", "32", "--hot", "8", "--start-node", "1", "--duration", "0", "--quiet")
@@ -158,7 +158,7 @@ while time.monotonic() < end:
 NO_SYS_NICE = ("setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice")
 
 
-def test_shared_pages_not_retried_every_interval(env, numab_on, tmp_path):
+def test_shared_pages_not_retried_every_interval(env, numab_off, tmp_path):
     """Pages shared with another process move only with MPOL_MF_MOVE_ALL, which needs
     CAP_SYS_NICE (tests/guest/test_memory_kinds.py moves them as root). A daemon without it
     says so once, counts them as failed once (EACCES), then leaves them alone for a while
@@ -216,7 +216,7 @@ def test_sigkill_restart_no_leftovers(env, numab_on, tmp_path):
     assert "dead: stale status" in st.stdout, st.stdout
     d2 = DaemonRun(["attach", str(w.pid), "--json", "--interval", "0.5", "--duration", "3"], env)
     assert d2.finish(WAIT) == 0, d2.stderr
-    clean_exit(d2)
+    clean_exit(d2, numab="1")
     assert "died without restoring it" in d2.stderr
     assert "removed the status file of pagetier pid" in d2.stderr
     assert not list((tmp_path / "run").glob("daemon-*.json"))
