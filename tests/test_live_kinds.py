@@ -47,18 +47,23 @@ def test_every_kind_scenario_is_its_anonymous_scenario_on_other_memory():
     assert "THP" not in table["noise0-file"].describe()  # page cache here is 4 KiB pages
 
 
-def test_a_private_file_mapping_runs_noise0_on_its_own_file():
+def test_a_private_file_mapping_runs_the_kind_scenarios_on_its_own_file():
     table = live_bench.scenarios()
     picked = live_bench.select_scenarios("private")
-    assert [s.name for s in picked] == ["noise0-private"]
-    s = picked[0]
-    assert asdict(s) | {"name": "noise0", "family": "noise", "memory": "anon"} == \
-        asdict(table["noise0"])
+    assert [s.name for s in picked] == [f"{b}-private" for b in live_bench.KIND_SCENARIOS]
+    for s in picked:
+        base = s.name[:-len("-private")]
+        assert asdict(s) | {"name": base, "family": table[base].family, "memory": "anon"} == \
+            asdict(table[base])
+    s = table["noise0-private"]
     args = s.workload_args(Path("/mnt/x/buf"))
     assert args[args.index("--memory") + 1] == "private:/mnt/x/buf"
+    args = table["phases-private"].workload_args(Path("/mnt/x/buf"))
+    assert args[args.index("--memory") + 1] == "private:/mnt/x/buf"
     assert "MAP_PRIVATE" in s.describe()
-    with pytest.raises(PagetierError, match="needs a file system"):
-        live_bench.ConfigRun("none", s)
+    for name in ("noise0-private", "fuller-private"):
+        with pytest.raises(PagetierError, match="needs a file system"):
+            live_bench.ConfigRun("none", table[name])
 
 
 def test_a_file_scenario_needs_a_file_system():
@@ -118,3 +123,21 @@ def test_several_modes_are_a_configuration_each_in_one_boot():
     for bad in ("", "fault,dirty"):
         with pytest.raises(ConfigError, match="mode"):
             live_bench.parse_modes(bad)
+
+
+def test_a_named_mode_is_that_mode_for_every_target_and_auto_is_the_default():
+    """@fault and @abit pin the mode (kinds off); auto is fault mode with kinds left to the
+    daemon's default (abit for the 4 KiB kinds); -O kinds wins over the pin."""
+    assert live_bench.config_names("heuristic", "kernel", "auto,fault") == [
+        "kernel", "pagetier:heuristic@auto", "pagetier:heuristic@fault"]
+    spec = live_bench.select_scenarios("noise100-file", mode="auto")[0]
+    opts = live_bench.daemon_profiler_options
+    assert opts("pagetier:heuristic@auto", spec) == {"mode": "fault"}
+    assert opts("pagetier:heuristic", spec) == {"mode": "fault"}
+    assert opts("pagetier:heuristic@fault", spec) == {"mode": "fault", "kinds": "off"}
+    assert opts("pagetier:heuristic@abit", spec) == {"mode": "abit", "kinds": "off"}
+    plain = live_bench.select_scenarios("noise0", mode="fault")[0]
+    assert opts("pagetier:heuristic", plain) == {"mode": "fault"}  # the daemon's default
+    given = live_bench.select_scenarios("noise0", mode="fault",
+                                        profiler_options={"kinds": "auto"})[0]
+    assert opts("pagetier:heuristic@fault", given) == {"mode": "fault", "kinds": "auto"}

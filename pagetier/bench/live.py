@@ -90,10 +90,10 @@ MEMORY_DESCRIPTIONS = {"anon": "", "shmem": " of shared memory (MAP_SHARED|MAP_A
                        "file": " of a file on ext4, MAP_SHARED",
                        "private": " of a file on ext4, MAP_PRIVATE, every page written (copies)"}
 FILE_KINDS = ("file", "private")  # kinds whose buffer is a file on the run's ext4
-KIND_SCENARIOS = ("noise0", "noise100", "fuller", "phases")  # also run on shmem and a file
-# a private file mapping's written pages are anonymous copies, placed as anon memory is: one
-# scenario says so
-PRIVATE_SCENARIOS = ("noise0",)
+KIND_SCENARIOS = ("noise0", "noise100", "fuller", "phases")  # also run on each other kind
+# a private file mapping's written pages are anonymous 4 KiB copies in a file VMA: the same
+# scenarios (kinds auto chooses abit for them as for shmem and page cache)
+PRIVATE_SCENARIOS = KIND_SCENARIOS
 PATTERNS = ("random", "sweep")  # hotcold --pattern
 # third-party programs a scenario may run instead of hotcold: the command for a Spec. Neither
 # has a hot part known beforehand: bench live measures their memory's share on the fast node
@@ -316,7 +316,10 @@ def select_scenarios(names: str | None, quick: bool = False, seconds: int | None
     return out
 
 
-MODES = ("fault", "abit")
+# "auto": the daemon's default, fault mode with kinds auto (abit for a target that is mostly
+# 4 KiB shmem, page cache or private copies); "fault", "abit": that mode for every target
+# (kinds off) where a configuration names it (pagetier:POLICY@MODE)
+MODES = ("fault", "abit", "auto")
 
 
 def parse_modes(modes: str) -> list[str]:
@@ -339,6 +342,20 @@ def config_mode(name: str, spec: Spec) -> tuple[str, str]:
     ``pagetier:POLICY`` in the scenario's mode."""
     policy, _, mode = name.split(":", 1)[1].partition("@")
     return policy, mode or spec.mode
+
+
+def daemon_profiler_options(name: str, spec: Spec) -> dict:
+    """The kmod profiler options of configuration ``name``'s daemon: the scenario's (-O), its
+    mode, and with a mode the configuration names (``@fault``, ``@abit``) that mode for every
+    target (kinds off, unless -O gave kinds); ``auto`` (named or the scenario's) and a plain
+    ``pagetier:POLICY`` in fault or abit mode leave kinds to the daemon's default."""
+    _, mode = config_mode(name, spec)
+    out = {**spec.profiler_options, "mode": "fault" if mode == "auto" else mode}
+    if "@" in name and mode != "auto":
+        out.setdefault("kinds", "off")
+    if spec.scan_period_ms is not None:
+        out["scan_period_ms"] = spec.scan_period_ms
+    return out
 
 
 def config_names(policies: str, baselines: str = DEFAULT_BASELINES,
@@ -552,18 +569,20 @@ def vmstats(keys=VMSTAT_KEYS) -> dict[str, int]:
     return out
 
 
-def fork_daemon(pid: int, policy: str, spec: Spec, mode: str | None = None) -> tuple[int, int]:
+def fork_daemon(pid: int, policy: str, spec: Spec,
+                options: dict | None = None) -> tuple[int, int]:
     """The pagetier daemon on ``pid`` in a forked child (the modules are imported already: no
-    second interpreter start under emulation), in kmod ``mode`` (None: the scenario's). Returns
-    (child pid, read end of its JSON lines)."""
+    second interpreter start under emulation), with kmod profiler ``options``
+    (daemon_profiler_options; None: those of ``pagetier:POLICY`` in the scenario's mode).
+    Returns (child pid, read end of its JSON lines)."""
+    if options is None:
+        options = daemon_profiler_options(f"pagetier:{policy}", spec)
     from pagetier.daemon.loop import Daemon, create_policy, create_profiler
     from pagetier.daemon.numab import NumaBalancing
 
     overrides = {"policy": policy, "fast_budget": f"{spec.budget_mb}M", "interval": spec.interval_s,
                  "json": True, "profiler": "kmod",
-                 "profiler_options": {**spec.profiler_options, "mode": mode or spec.mode,
-                                      **({} if spec.scan_period_ms is None else
-                                         {"scan_period_ms": spec.scan_period_ms})}}
+                 "profiler_options": options}
     cfg = config_mod.load(None, overrides)  # errors here, in the parent
     config_mod.check_nodes(cfg)
     r, w = os.pipe()
@@ -664,8 +683,9 @@ class ConfigRun:
         first interval."""
         if not self.name.startswith("pagetier:"):
             return
-        policy, mode = config_mode(self.name, self.spec)
-        self.daemon_pid, self.daemon_fd = fork_daemon(pid, policy, self.spec, mode)
+        policy, _ = config_mode(self.name, self.spec)
+        self.daemon_pid, self.daemon_fd = fork_daemon(
+            pid, policy, self.spec, daemon_profiler_options(self.name, self.spec))
         self.dm = Lines(self.daemon_fd)
         deadline = time.monotonic() + 300
         while not self.dstats and not self.dm.eof and time.monotonic() < deadline:
