@@ -52,6 +52,27 @@ def test_compiled_find_is_searchsorted(compiled, monkeypatch, k):
     np.testing.assert_array_equal(pos, want_pos)
     np.testing.assert_array_equal(found, want_found)
     np.testing.assert_array_equal(pos, np.searchsorted(hay, x))
+    got = sorted_find.member(hay, x)
+    assert got.dtype == bool
+    np.testing.assert_array_equal(got, want_found)
+    assert sorted_find.common(hay, x) == int(np.count_nonzero(want_found))
+
+
+def test_member_dense_and_sparse_paths(compiled, monkeypatch):
+    """member and common step one by one (needles at least as many as hay) or count and
+    gallop (fewer): both give find's membership, with long gaps, runs and out-of-order keys."""
+    monkeypatch.setattr(sorted_find, "_LIB", compiled)
+    rng = np.random.default_rng(11)
+    for n, m in ((28_000, 54_000), (54_000, 28_000), (300, 30_000), (30_000, 300), (7, 7),
+                 (1, 100), (100, 1)):
+        hay = np.unique(rng.integers(0, 524_288, n)).astype(np.uint64)
+        x = np.unique(rng.integers(0, 524_288, m)).astype(np.uint64)
+        # a run of needles past the hay's end and a stretch in one long gap
+        x = np.unique(np.concatenate([x, np.arange(600_000, 600_050, dtype=np.uint64)]))
+        for xs in (x, x[::-1].copy(), rng.permutation(x)):
+            want = sorted_find.find_numpy(hay, xs)[1]
+            np.testing.assert_array_equal(sorted_find.member(hay, xs), want)
+            assert sorted_find.common(hay, xs) == int(np.count_nonzero(want))
 
 
 def test_helpers_agree_with_and_without_the_library(compiled, monkeypatch):
@@ -91,4 +112,94 @@ def test_compiled_union_is_the_sorted_union(compiled, monkeypatch):
 def test_missing_library_falls_back(tmp_path, monkeypatch):
     monkeypatch.setattr(sorted_find, "_LIB", None)
     assert sorted_find.union(np.arange(3), np.arange(2)) is None
+    np.testing.assert_array_equal(sorted_find.member(np.arange(3), np.array([1, 5])),
+                                  [True, False])
+    assert sorted_find.common(np.arange(3), np.array([1, 2, 5])) == 2
     assert sorted_find.load(tmp_path / "none.so") is None
+
+
+def test_argsort_desc_with_and_without_the_library(compiled, monkeypatch):
+    """The rules' ranking sort (keys made and read back by the library, or by numpy) is the
+    stable descending argsort, with near-equal values (the keys' index bits hide their last
+    bits: the runs put in order afterwards), -0.0, ties, negatives and NaN."""
+    from pagetier.policies.rules.arrays import argsort_desc
+
+    rng = np.random.default_rng(13)
+    near = 1.0 + rng.integers(0, 40, 5000) * np.finfo(np.float64).eps
+    xs = [rng.random(60_000) * 1e4, rng.integers(0, 5, 3000).astype(np.float64), near,
+          np.where(rng.random(4000) < 0.4, 1.0, 1.000000001), np.r_[near, [0.0, -0.0, 7.0]],
+          np.array([0.0, -0.0, 1e-300, 2.0, 2.0, np.inf]), np.array([1.0, -1.0, 0.5]),
+          np.array([1.0, np.nan]), np.array([3.0]), np.zeros(0),
+          rng.random(2000).astype(np.float32)]
+    for lib in (compiled, None):
+        monkeypatch.setattr(sorted_find, "_LIB", lib)
+        for x in xs:
+            got = argsort_desc(x)
+            assert got.dtype == np.int64
+            np.testing.assert_array_equal(got, np.argsort(-np.asarray(x, np.float64),
+                                                          kind="stable"))
+
+
+def test_spread_is_the_masked_merge(compiled, monkeypatch):
+    """A column merged after a union (the decision's units joined by the victim pool): the
+    added values at their places, the old ones in order at the rest, for each dtype."""
+    monkeypatch.setattr(sorted_find, "_LIB", compiled)
+    rng = np.random.default_rng(17)
+    for total, k in ((0, 0), (5, 0), (5, 5), (1, 1), (1000, 1), (60_000, 300), (100, 60)):
+        added = np.sort(rng.choice(total, k, replace=False)).astype(np.int64)
+        new = np.zeros(total, bool)
+        new[added] = True
+        for dtype in (np.float64, np.int64, np.uint64, np.int16, np.uint8, bool):
+            was = rng.integers(0, 100, total - k).astype(dtype)
+            got = rng.integers(100, 200, k).astype(dtype)
+            want = np.empty(total, dtype)
+            want[~new] = was
+            want[new] = got
+            out = sorted_find.spread(was, got, added)
+            assert out.dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(out, want)
+    monkeypatch.setattr(sorted_find, "_LIB", None)
+    assert sorted_find.spread(np.zeros(2), np.zeros(1), np.array([0])) is None
+
+
+def test_insert_shift_scale_fast_and_union_remap(compiled, monkeypatch):
+    """The places of a union's old elements, the ranking's tie-break to fast units, and
+    union_remap with and without the library: numpy's results."""
+    from pagetier.policies.rules.noise import hot_order
+
+    rng = np.random.default_rng(19)
+    for n, k in ((0, 0), (1, 1), (10, 0), (1000, 30), (60_000, 300)):
+        at = np.sort(rng.integers(0, n + 1, k)).astype(np.int64)
+        want = np.arange(n) + np.cumsum(np.bincount(at, minlength=n + 1)[:n])
+        monkeypatch.setattr(sorted_find, "_LIB", compiled)
+        np.testing.assert_array_equal(sorted_find.insert_shift(at, n), want)
+    score = np.r_[rng.random(5000) * 1e4, [0.0, 1e-300, 1.0, np.inf]]
+    fast = rng.random(len(score)) < 0.4
+    cand = np.flatnonzero(score > 0)
+    got = sorted_find.scale_fast(score, cand, fast)
+    np.testing.assert_array_equal(got.view(np.uint64),
+                                  (score[cand] * (1.0 + 1e-9 * fast[cand])).view(np.uint64))
+    assert sorted_find.scale_fast(score.astype(np.float32), cand, fast) is None
+    for n, m in ((0, 5), (5, 0), (2000, 300), (300, 2000), (50_000, 500)):
+        a = np.unique(rng.integers(0, 200_000, n))
+        b = np.unique(rng.integers(0, 200_000, m))
+        out = {}
+        for lib in (compiled, None):
+            monkeypatch.setattr(sorted_find, "_LIB", lib)
+            out[lib is None] = core_state.union_remap(a, b)
+            u, remap, added = out[lib is None]
+            np.testing.assert_array_equal(u, np.union1d(a, b))
+            np.testing.assert_array_equal(u[remap], a)
+            assert not np.isin(u[added], a).any() and len(added) + len(a) == len(u)
+        for x, y in zip(out[False], out[True]):
+            np.testing.assert_array_equal(x, y)
+    from pagetier.policies.rules.config import Config
+    c = Config()
+    sc = np.where(rng.random(3000) < 0.5, 1.0, rng.random(3000) * 1e3)
+    fa = rng.random(3000) < 0.3
+    res = {}
+    for lib in (compiled, None):
+        monkeypatch.setattr(sorted_find, "_LIB", lib)
+        res[lib is None] = hot_order(sc, np.flatnonzero(sc > 0), fa, c, 10.0)
+    np.testing.assert_array_equal(res[False][0], res[True][0])
+    assert res[False][1:] == res[True][1:]

@@ -7,7 +7,12 @@ which of a read's units are in the last hot set. The needles come sorted, so eac
 start where the last one ended and gallop forward: a few steps a key instead of a binary
 search of the whole array (at 1 TiB, 54,000 keys among 524,288: about 1 ms instead of 4-5).
 The union of two sorted index sets (the candidates and the units an interval touched) is one
-merge likewise, not a sort of their concatenation.
+merge likewise, not a sort of their concatenation. ``member`` and ``common`` give only the
+membership or its count (the rules' memberships and overlaps), without the positions.
+
+A few one-pass helpers of the decision live here too, each numpy's result: the ranking sort's
+keys made and read back (``rank_keys``, ``rank_order``; numpy sorts them), the tie-break to
+fast units (``scale_fast``), and a column merged after a union (``spread``, ``insert_shift``).
 
 The library (native/sorted_find.c, loaded with ctypes) is built by the build: in a checkout by
 scripts/setup.sh into build/native, in an installed package by setup.py's build step into
@@ -33,18 +38,42 @@ _N = ctypes.c_int64
 
 
 class _Lib:
-    """The library's functions: ``find`` by dtype, ``union`` of int64 arrays."""
+    """The library's functions: ``find``, ``member`` and ``common`` by dtype, ``union`` of
+    int64 arrays."""
 
     def __init__(self, lib: ctypes.CDLL):
-        self.find = {}
-        for dtype, name in ((np.dtype(np.uint64), "find_u64"), (np.dtype(np.int64), "find_i64")):
-            f = getattr(lib, name)
+        self.find, self.member, self.common = {}, {}, {}
+        for dtype, sfx in ((np.dtype(np.uint64), "u64"), (np.dtype(np.int64), "i64")):
+            f = getattr(lib, "find_" + sfx)
             f.argtypes = [_P, _N, _P, _N, _P, _P]
             f.restype = None
             self.find[dtype] = f
+            f = getattr(lib, "member_" + sfx)
+            f.argtypes = [_P, _N, _P, _N, _P]
+            f.restype = None
+            self.member[dtype] = f
+            f = getattr(lib, "common_" + sfx)
+            f.argtypes = [_P, _N, _P, _N]
+            f.restype = _N
+            self.common[dtype] = f
         self.union = lib.union_i64
         self.union.argtypes = [_P, _N, _P, _N, _P]
         self.union.restype = _N
+        self.spread = lib.spread
+        self.spread.argtypes = [_P, _P, _P, _P, _N, _N, _N]
+        self.spread.restype = None
+        self.insert_shift = lib.insert_shift
+        self.insert_shift.argtypes = [_P, _N, _N, _P]
+        self.insert_shift.restype = None
+        self.scale_fast = lib.scale_fast
+        self.scale_fast.argtypes = [_P, _P, _P, _N, _P]
+        self.scale_fast.restype = None
+        self.rank_keys = lib.rank_keys
+        self.rank_keys.argtypes = [_P, _N, ctypes.c_int, _P]
+        self.rank_keys.restype = ctypes.c_int
+        self.rank_order = lib.rank_order
+        self.rank_order.argtypes = [_P, _N, ctypes.c_int, _P, _P]
+        self.rank_order.restype = _N
 
 
 def load(path: Path = LIB_PATH) -> _Lib | None:
@@ -86,6 +115,101 @@ def find(hay: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     found = np.empty(len(x), bool)
     f(hay.ctypes.data, len(hay), x.ctypes.data, len(x), pos.ctypes.data, found.ctypes.data)
     return pos, found
+
+
+def _native_pair(table: str, hay: np.ndarray, x: np.ndarray):
+    """The compiled function of ``table`` for ``hay`` and ``x`` (contiguous copies when
+    needed), or None when numpy must do it."""
+    if _LIB is None or x.dtype != hay.dtype or x.ndim != 1 or hay.ndim != 1:
+        return None
+    f = getattr(_LIB, table).get(hay.dtype)
+    if f is None:
+        return None
+    return f, np.ascontiguousarray(hay), np.ascontiguousarray(x)
+
+
+def member(hay: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Whether each of ``x`` is in sorted ``hay``: ``find(hay, x)[1]`` without the positions
+    (fastest when ``x`` is sorted too)."""
+    got = _native_pair("member", hay, x)
+    if got is None:
+        return find_numpy(hay, x)[1]
+    f, hay, x = got
+    found = np.empty(len(x), bool)
+    f(hay.ctypes.data, len(hay), x.ctypes.data, len(x), found.ctypes.data)
+    return found
+
+
+def common(hay: np.ndarray, x: np.ndarray) -> int:
+    """How many of ``x`` are in sorted ``hay``: ``count_nonzero(member(hay, x))``."""
+    got = _native_pair("common", hay, x)
+    if got is None:
+        return int(np.count_nonzero(find_numpy(hay, x)[1]))
+    f, hay, x = got
+    return int(f(hay.ctypes.data, len(hay), x.ctypes.data, len(x)))
+
+
+def spread(was: np.ndarray, got: np.ndarray, added: np.ndarray) -> np.ndarray | None:
+    """A column merged after a union: ``len(was) + len(got)`` elements of ``was``'s dtype,
+    ``got`` at the places ``added`` (strictly increasing) and ``was`` in order at the others;
+    one copy a run. None without the library."""
+    if _LIB is None:
+        return None
+    was = np.ascontiguousarray(was)
+    got = np.ascontiguousarray(got, was.dtype)
+    added = np.ascontiguousarray(added, np.int64)
+    out = np.empty(len(was) + len(got), was.dtype)
+    _LIB.spread(out.ctypes.data, was.ctypes.data, got.ctypes.data, added.ctypes.data,
+                len(added), len(out), was.dtype.itemsize)
+    return out
+
+
+def insert_shift(at: np.ndarray, n: int) -> np.ndarray | None:
+    """Where each of ``n`` sorted elements goes when elements are inserted before the places
+    ``at`` (sorted int64, each in ``[0, n]``): ``arange(n) + cumsum(bincount(at, minlength=n +
+    1)[:n])`` in one pass. None without the library."""
+    if _LIB is None:
+        return None
+    at = np.ascontiguousarray(at, np.int64)
+    out = np.empty(n, np.int64)
+    _LIB.insert_shift(at.ctypes.data, len(at), n, out.ctypes.data)
+    return out
+
+
+def scale_fast(score: np.ndarray, cand: np.ndarray, fast: np.ndarray) -> np.ndarray | None:
+    """``score[cand] * (1.0 + 1e-9 * fast[cand])`` in one pass, for float64 ``score``, int64
+    ``cand`` and boolean ``fast``; None without the library or for other dtypes."""
+    if (_LIB is None or score.dtype != np.float64 or cand.dtype != np.int64
+            or fast.dtype != np.bool_ or score.ndim != 1 or fast.ndim != 1
+            or len(fast) != len(score)):
+        return None
+    score = np.ascontiguousarray(score)
+    cand = np.ascontiguousarray(cand)
+    fast = np.ascontiguousarray(fast)
+    out = np.empty(len(cand), np.float64)
+    _LIB.scale_fast(score.ctypes.data, cand.ctypes.data, fast.ctypes.data, len(cand),
+                    out.ctypes.data)
+    return out
+
+
+def rank_keys(x: np.ndarray, b: int) -> np.ndarray | None:
+    """The sort keys of ``rules.arrays.argsort_desc`` for float64 ``x`` (contiguous) with
+    ``b`` index bits, in one pass: None without the library or when a value is negative or
+    NaN."""
+    if _LIB is None:
+        return None
+    key = np.empty(len(x), np.uint64)
+    if _LIB.rank_keys(x.ctypes.data, len(x), b, key.ctypes.data):
+        return None
+    return key
+
+
+def rank_order(key: np.ndarray, b: int, x: np.ndarray) -> tuple[np.ndarray, int]:
+    """(the indices in sorted ``key``, how many adjacent keys tie in their high bits but not
+    in full value), in one pass (the library must be loaded: after :func:`rank_keys`)."""
+    order = np.empty(len(key), np.int64)
+    bad = _LIB.rank_order(key.ctypes.data, len(key), b, x.ctypes.data, order.ctypes.data)
+    return order, int(bad)
 
 
 def union(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:

@@ -153,9 +153,13 @@ def union_remap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     at = p[miss]
     if not len(at):
         return a, np.arange(len(a)), np.zeros(0, np.int64)
+    added = at + np.arange(len(at))
     # a[i] moves right by the number of elements inserted before it (at <= i)
-    shift = np.cumsum(np.bincount(at, minlength=len(a) + 1)[:len(a)])
-    return np.insert(a, at, b[miss]), np.arange(len(a)) + shift, at + np.arange(len(at))
+    remap = sorted_find.insert_shift(at, len(a))
+    if remap is None:
+        remap = np.arange(len(a)) + np.cumsum(np.bincount(at, minlength=len(a) + 1)[:len(a)])
+    merged = sorted_find.spread(a, b[miss], added)
+    return merged if merged is not None else np.insert(a, at, b[miss]), remap, added
 
 
 def _kept(mask: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:

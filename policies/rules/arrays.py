@@ -43,7 +43,7 @@ def member_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if not len(b) or not len(a):
         return np.zeros(len(a), bool)
     if sorted_find.native() and a.dtype == b.dtype:
-        return sorted_find.find(b, a)[1]
+        return sorted_find.member(b, a)
     if (len(a) >= 4096 and len(b) <= 2 * len(a) and a.dtype == b.dtype
             and bool((a[1:] > a[:-1]).all())):
         order = np.argsort(np.concatenate([b, a]), kind="stable")
@@ -61,12 +61,21 @@ def argsort_desc(x: np.ndarray) -> np.ndarray:
     bits replaced by its index, makes one integer key, and a plain sort of those keys (no
     argsort) orders by value, then index. Values that differ only in the bits replaced (within
     2**b units in the last place, for b index bits) tie in the key: their runs are put in exact
-    order afterwards (rare: only near-equal values)."""
-    x = np.asarray(x, np.float64) + 0.0  # a copy, with -0.0 made +0.0
+    order afterwards (rare: only near-equal values). With the compiled helpers the keys are
+    made and read back in one pass each (pagetier/core/sorted_find.py), numpy sorting them."""
     n = len(x)
+    b = max(1, (n - 1).bit_length())
+    if n >= 2 and b <= 32 and sorted_find.native():
+        xa = np.ascontiguousarray(x, np.float64)
+        key = sorted_find.rank_keys(xa, b)
+        if key is not None:
+            key.sort()
+            order, bad = sorted_find.rank_order(key, b, xa)
+            if not bad:
+                return order
+    x = np.asarray(x, np.float64) + 0.0  # a copy, with -0.0 made +0.0
     if n and not bool((x >= 0).all()):  # negative or NaN
         return np.argsort(-x, kind="stable")
-    b = max(1, (n - 1).bit_length())
     if n < 2 or b > 32:
         return np.argsort(~x.view(np.uint64), kind="stable")
     d = ~x.view(np.uint64)  # descending as unsigned
@@ -96,7 +105,7 @@ def jaccard_sorted(a: np.ndarray, b: np.ndarray) -> float:
     if len(a) == 0 or len(b) == 0:
         return 0.0
     if sorted_find.native() and a.dtype == b.dtype:
-        inter = int(np.count_nonzero(sorted_find.find(b, a)[1]))
+        inter = sorted_find.common(b, a)
         return inter / (len(a) + len(b) - inter)
     # a merge of the two sorted runs (a stable sort finds them): O(n), no binary search
     both = np.sort(np.concatenate([a, b.astype(a.dtype, copy=False)]), kind="stable")

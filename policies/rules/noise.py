@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagetier.core import sorted_find
 from pagetier.policies.rules.arrays import argsort_desc
 
 
@@ -41,7 +42,9 @@ def hot_order(score, cand, fast, c, rest: float = 0.0, npages=None):
     reference heat; floor). Given the units' sizes ``npages``, when there is more than one
     among them: hottest per page first (the floor is a unit's heat all the same).
     ``rest``: the summed score of units left out of ``cand``."""
-    s = score[cand] * (1.0 + 1e-9 * fast[cand])
+    s = sorted_find.scale_fast(score, cand, fast)  # one pass in compiled code, when built
+    if s is None:
+        s = score[cand] * (1.0 + 1e-9 * fast[cand])
     by = argsort_desc(s)
     order = cand[by]
     ranked = score[order]

@@ -79,11 +79,14 @@ def which_limit(f: Frame, plan: Plan, cap_moves: int, cap_low: int, node_bound: 
     or "budget" (``cap_low``), or None: none did, or room was left and the rules held them
     (warm units waiting for a second read, hysteresis)."""
     npages, p = f.npages, plan.promote
+    # (a mask of the promotions: np.setdiff1d would sort both sides)
+    promoted = np.zeros(len(npages), bool)
+    promoted[p] = True
     off = f.order[~f.fast[f.order]]  # hot units still off the fast node after this decision
-    off = np.setdiff1d(off, p, assume_unique=True)
+    off = off[~promoted[off]]
     if not len(off):
         return None
-    left = np.setdiff1d(plan.promo, p, assume_unique=True)
+    left = plan.promo[~promoted[plan.promo]]
     up, down = int(npages[p].sum()), int(npages[plan.demote].sum())
     if len(left) and up + down + int(npages[left].min()) > cap_moves:
         return "rate"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagetier.core import state as core_state
+from pagetier.core import sorted_find, state as core_state
 from pagetier.core.state import NEVER, union, union_remap  # noqa: F401 (NEVER: for the rules)
 
 # what a state must offer to be read by candidates rather than whole
@@ -85,16 +85,21 @@ class Units:
         """Add state units ``more`` (sorted) to the set; returns where each old position went."""
         idx, remap, added = union_remap(self.idx, more)
         self.idx = idx
-        # the old positions are all but the added ones, in order: two masked copies, cheaper
-        # than scattering through remap and added
-        new = np.zeros(len(idx), bool)
-        new[added] = True
-        old = ~new
+        # the old positions are all but the added ones, in order: a copy a run in compiled
+        # code, else two masked copies (cheaper than scattering through remap and added)
+        masks = []
 
         def merged(was: np.ndarray, got: np.ndarray) -> np.ndarray:
+            col = sorted_find.spread(was, got, added)
+            if col is not None:
+                return col
+            if not masks:
+                new = np.zeros(len(idx), bool)
+                new[added] = True
+                masks.extend((~new, new))
             col = np.empty(len(idx), was.dtype)
-            col[old] = was
-            col[new] = got
+            col[masks[0]] = was
+            col[masks[1]] = got
             return col
 
         if self._keys is not None:
