@@ -283,7 +283,15 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
            "pages_tracked": st1["pages_tracked"], "read_ms": 1e3 * statistics.median(read_s),
            "read_ms_max": 1e3 * max(read_s), **pr_summary(pr["count"]),
            "freq_pr": pr_summary(pr["freq"]), "trail": trail,
-           "window_waits": None if waits0 is None else waits1 - waits0}
+           "window_waits": None if waits0 is None else waits1 - waits0,
+           # where a pass's time goes: the walk (and window) against the probes, busy time;
+           # the wall time between passes ends (sleeps, waits and the period included); and
+           # the intervals in which no pass ended (they score 0)
+           "scan_ms_per_pass": d["scan_ns"] / passes / 1e6,
+           "probe_ms_per_pass": d["probe_ns"] / passes / 1e6,
+           "wall_ms_per_pass": 1e3 * (t1 - t0) / passes,
+           "no_pass_intervals": sum(1 for i, tr in enumerate(trail)
+                                    if tr[0] == (trail[i - 1][0] if i else 0))}
     if pr_reg["count"]:
         out["regions_pr"] = pr_summary(pr_reg["count"])
         out["regions_freq_pr"] = pr_summary(pr_reg["freq"])
@@ -580,6 +588,23 @@ def render(doc: dict) -> str:
                            f"{100 * r['cpu']:.1f}%, {r['entries_per_pass'] / 1e3:.0f}k)")
             lines.append(f"| {k} | " + " | ".join(row) + f" | {_ratio(last, first)} |")
         lines.append("")
+        # where the time goes
+        if any("scan_ms_per_pass" in ((cell(s, thp, "still") or {}).get("module", {}).get(k) or {})
+               for s in sizes for k in keys):
+            lines += [f"Where a pass's time goes, THP {'on' if thp else 'off'}, still: walk ms + "
+                      "probe ms per pass (STATS scan_ns, probe_ns: busy time), wall ms from one "
+                      "pass's end to the next, intervals of the run with no pass ended", "",
+                      "| module/mode | " + " | ".join(label_mb(s) for s in sizes) + " |",
+                      "|---" * (len(sizes) + 1) + "|"]
+            for k in keys:
+                row = []
+                for s in sizes:
+                    r = ((cell(s, thp, "still") or {}).get("module") or {}).get(k)
+                    row.append(f"{r['scan_ms_per_pass']:.0f} + {r['probe_ms_per_pass']:.0f}, "
+                               f"{r['wall_ms_per_pass']:.0f} wall, {r['no_pass_intervals']} none"
+                               if r and "scan_ms_per_pass" in r else "-")
+                lines.append(f"| {k} | " + " | ".join(row) + " |")
+            lines.append("")
         # after / before
         modes = sorted({k.split("/")[1] for k in keys})
         if any(k.startswith("before/") for k in keys) and any(k.startswith("after/") for k in keys):
