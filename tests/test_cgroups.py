@@ -365,7 +365,8 @@ def test_record_traces_the_whole_tree_with_a_pid_each(tmp_path):
     out = tmp_path / "t.parquet"
     r = subprocess.run([*PAGETIER, "record", "--backend", "stub", "-O", "units=16", "-O", "hot=4",
                         "--interval", "100", "--quiet", "-o", str(out), "--",
-                        "sh", "-c", "sleep 1 & sleep 1 & wait"],
+                        # the children outlive several intervals even when the host is loaded
+                        "sh", "-c", "sleep 3 & sleep 3 & wait"],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr
     pids = set(pq.read_table(out, columns=["pid"]).column("pid").to_pylist())
