@@ -312,8 +312,10 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
 @click.option("--seconds", type=int, help="seconds per run, for every scenario (default: each "
                                           "scenario's own)")
 @click.option("--mode", default="fault", show_default=True,
-              help="pagetier.ko profiling mode, fault or abit; both (fault,abit): each mode a "
-                   "configuration, pagetier:POLICY@MODE, taking turns in one boot")
+              help="pagetier.ko profiling mode: fault, abit, or auto (the daemon's default: "
+                   "fault, with abit for targets mostly of 4 KiB shmem or file pages); several "
+                   "(auto,fault): each mode a configuration, pagetier:POLICY@MODE, taking turns "
+                   "in one boot, a named fault or abit for every target")
 @click.option("--interval", type=float, help="the daemon's interval in pagetier's runs, s "
                                              "(default 1)")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
