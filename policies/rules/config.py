@@ -61,11 +61,12 @@ class Config:
     young_corrections: bool = True  # moving back what a young read moved: no move-back (residency)
     per_page: bool = True  # rank units by heat per page (False: by each unit's heat)
     sparse: bool = True  # on sparse evidence, decide on rates across reads (rules/sparse.py)...
-    sparse_samples: float = 1.2  # ...sparse: half the samples from units seen < this a read
+    sparse_samples: float = 1.3  # ...sparse: half the samples from units seen < this a read
     sparse_decay: float = 0.9  # ...each read's samples count this much less a read later
     sparse_z: float = 1.0  # ...confidence bounds this many standard deviations out
     sparse_region: int = 512  # ...pages of a region whose samples its units share (0: none)
     sparse_region_weight: float = 8.0  # ...times the region's rate per page a unit is lent
+    sparse_region_fit: bool = True  # ...that weight chosen per read by how well it predicts
 
     def check(self):
         bad = option_error("heuristic", self)
