@@ -1,6 +1,7 @@
 """The kmod profiler's mode per target (``kinds`` auto, the default), in the two-node VM: a
-target whose memory is mostly 4 KiB shared memory is attached in abit mode, an anonymous one
-in the configured fault mode, and the module's own stats say so; under the daemon, a shmem
+target whose memory is mostly 4 KiB shared memory, or private copies of a MAP_PRIVATE file
+mapping's pages, is attached in abit mode, an anonymous one in the configured fault mode, and
+the module's own stats say so; under the daemon, a shmem
 target's hot part reaches the fast node in abit mode and stays there.
 
     scripts/vm --kernel 6.12 --hmat -- .venv/bin/python -m pytest -q tests/guest/test_kinds_mode.py
@@ -52,6 +53,40 @@ def test_shmem_target_is_attached_in_abit_and_anon_in_fault_mode():
             assert counted == set(got), f"no counts for {set(got) - counted}: {why}"
         finally:
             prof.close()
+
+
+def test_private_copies_of_a_file_mapping_are_attached_in_abit(tmp_path):
+    """A 64 MiB file mapped MAP_PRIVATE, every page written once: the target's memory is its
+    own 4 KiB anonymous copies in a file VMA, which the module counts as anonymous. Only
+    /proc/PID/smaps tells them from other anonymous memory (memory_mix's anon_file): with the
+    defaults the target is attached in abit, the choice names the copies, and it is counted.
+    Beside it, a 64 MiB anonymous target with THP off (also 4 KiB anonymous pages) stays in
+    fault mode: the copies, not the page size, decide."""
+    args = ("--size", "64", "--hot", "16", "--duration", "0", "--quiet")
+    with Workload("--memory", f"private:{tmp_path / 'data'}", *args) as priv, \
+            Workload("--no-thp", *args) as anon:
+        mix = kmod.memory_mix(priv.pid)
+        assert mix is not None and mix["anon_file"] >= 48 * MIB, mix
+        assert kmod.memory_mix(anon.pid)["anon_file"] < 16 * MIB
+        prof = kmod.KmodProfiler(load=False)
+        try:
+            prof.attach(priv.pid)
+            prof.attach(anon.pid)
+            t = prof.tuning
+            why = {pid: t[pid]["why"] for pid in (priv.pid, anon.pid)}
+            assert (t[priv.pid]["mode"], prof.stats(priv.pid)["mode"]) == \
+                ("abit", uapi.MODES["abit"]), why
+            assert "private copies" in why[priv.pid] and "abit mode" in why[priv.pid], why
+            assert t[priv.pid]["shared_file_bytes"] >= 48 * MIB, t[priv.pid]
+            assert (t[anon.pid]["mode"], prof.stats(anon.pid)["mode"]) == \
+                ("fault", uapi.MODES["fault"]), why
+            deadline = time.monotonic() + 120
+            while not (prof.read(priv.pid).count > 0).any():
+                assert time.monotonic() < deadline, f"no counts for the copies: {why}"
+                time.sleep(1.0)
+        finally:
+            prof.close()
+        assert priv.stop() == 0, "the workload's memory check failed"
 
 
 def test_shmem_hot_part_reaches_the_fast_node_in_abit_mode(env):
