@@ -66,6 +66,7 @@ detached, numa_balancing restored); SIGHUP reloads the configuration.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -334,11 +335,20 @@ class Daemon:
             if not self.tracker.alive(pid):
                 self.tracker.drop(pid)
                 return None
-            # e.g. detached behind our back, or exiting (not yet a zombie: the profiler says
-            # ESRCH): start over with this target; an exiting one cannot be attached again
-            log.warning("pid %d: profiler read failed (%s): attaching again", pid, e)
+            # detached behind our back (start over with this target), or exiting: its memory
+            # is being torn down while it is not yet a zombie, and the module says ESRCH to a
+            # read and to an attach alike; that is the normal end of a target, not a warning
             self.tracker.drop(pid, "could not be read")
-            self.tracker.attach(pid, strict=False)
+            try:
+                self.tracker.attach(pid)
+            except (PagetierError, OSError) as again:
+                if getattr(again, "errno", None) == errno.ESRCH or not self.tracker.alive(pid):
+                    log.info("pid %d is exiting: not attached again", pid)
+                else:
+                    log.warning("pid %d: profiler read failed (%s), and attaching again failed "
+                                "(%s)", pid, e, again)
+                return None
+            log.warning("pid %d: profiler read failed (%s): attached again", pid, e)
             return None
         t_read = self.clock.monotonic()
         last_read = self.tracker.last_read

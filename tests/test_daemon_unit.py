@@ -668,6 +668,37 @@ def test_first_decision_when_the_profiler_has_its_estimate(tmp_path):
     assert d.totals["promoted"] > 0
 
 
+def _esrch(what):
+    return OSError(errno.ESRCH, f"{what}: no such process")
+
+
+def test_a_target_that_exits_between_reads_is_let_go_without_a_warning(tmp_path, caplog):
+    """A target whose memory is being torn down is not yet a zombie: the module says ESRCH to
+    the read and to the attach that follows. The daemon lets it go at INFO level; a target
+    detached behind the daemon's back (the attach works) is attached again with a warning."""
+    d = make_daemon(tmp_path)
+    prof = d.profiler
+
+    def gone(*a, **kw):
+        raise _esrch("read pid 4242")
+
+    prof.read, attach = gone, prof.attach
+    prof.attach = lambda pid: (_ for _ in ()).throw(_esrch("attach pid 4242"))
+    with caplog.at_level("INFO", logger="pagetier.daemon"):
+        assert d._read(4242) is None
+    assert 4242 not in d.tracker.pids
+    assert "pid 4242 is exiting: not attached again" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+    caplog.clear()
+    prof.attach = attach
+    d.tracker.attach(4242)
+    with caplog.at_level("INFO", logger="pagetier.daemon"):
+        assert d._read(4242) is None
+    assert 4242 in d.tracker.pids
+    assert "profiler read failed" in caplog.text and "attached again" in caplog.text
+
+
 def test_cgroup_followed(tmp_path):
     cg = tmp_path / "cg"
     cg.mkdir()

@@ -124,7 +124,7 @@ def test_target_detached_behind_its_back(env, numab_off):
             dev.detach(w.pid)
         finally:
             dev.close()
-        d.wait_for(lambda: "attaching again" in d.stderr, WAIT, "a re-attach")
+        d.wait_for(lambda: "attached again" in d.stderr, WAIT, "a re-attach")
         n = len(d.stats)
         d.wait_for(lambda: len(d.stats) >= n + 2 and str(w.pid) in targets(), WAIT,
                    "intervals after the re-attach")
