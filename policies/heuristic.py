@@ -39,7 +39,9 @@ from pagetier.policies.base import Context, Decision, Policy, register
 from pagetier.policies.rules.arrays import argsort_desc as _argsort_desc  # noqa: F401
 from pagetier.policies.rules.arrays import jaccard_sorted as _jaccard_sorted  # noqa: F401
 from pagetier.policies.rules.arrays import median_by_size as _median_by_size  # noqa: F401
+from pagetier.policies.rules.arrays import member_sorted
 from pagetier.policies.rules.arrays import sorted_unique as _sorted_unique  # noqa: F401
+from pagetier.policies.rules import cool
 from pagetier.policies.rules.capacity import Capacity
 from pagetier.policies.rules.config import Config
 from pagetier.policies.rules.exchange import exchange_bar, heat_before, steady_heat
@@ -81,12 +83,15 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         # the intervals of the last young reads (their moves are guesses, rules/young.py)
         self._young_moves: deque[int] = deque(maxlen=self.config.thrash_window + 1)
         self._evidence = SparseEvidence(self.config.sparse_decay)  # samples across reads
+        self._last_floor: float | None = None  # the last noise floor (rules/cool.py)
 
     def decide(self, state, ctx: Context) -> Decision:
         """The decision looks at candidates, not at every unit, when the state keeps them
         (rules/view.py). The result is the one ranking every unit would give; only the
         reference heat differs when more than ``1 - ref_mass`` of all heat is in units colder
-        than ``min_heat`` (no hot set): it is then ``min_heat``."""
+        than ``min_heat`` (no hot set): it is then ``min_heat``. The candidates far under the
+        last noise floor are left out of the work on each unit when the ranking shows that
+        they change nothing (rules/cool.py)."""
         c = self.config
         view = PageView(state, c.min_heat)
         now, decay = view.interval, view.decay
@@ -107,7 +112,13 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         seen_now = u.rate is not None and self._rate_phase_change(
             u.keys, decay, u.rate, known, fast, u.npages, cap.low)
         score = rate_score(u, decay) if seen_now else u.heat
-        hot = hot_set(score, known, fast, u.npages, cap.low, c, rest * 1e-6 if seen_now else rest)
+        # every candidate, for the rules that read the accessed units (the phase detector
+        # above, the sparse evidence, the next read's bookkeeping); the rest of the decision
+        # may leave the cool ones out (rules/cool.py)
+        everyone, known_all = u, known
+        u, hot, cool_idx = self._hot_set(view, u, score, known, fast, rest, cap, seen_now)
+        if cool_idx is not None:
+            known, fast = u.node >= 0, u.node == ctx.fast_node
         must, max_moves = cap.must(used), max(0, int(ctx.max_moves))
         fast_idx = self._fast_units(view, u, hot, fast, must, max_moves, seen_now, ctx.fast_node)
         known, fast = u.node >= 0, u.node == ctx.fast_node
@@ -138,7 +149,11 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             throttled_max=throttled_max)
         limit = which_limit(f, plan, throttled_max if reasons else max_moves, cap.low,
                             cap.node_bound)
-        self._note_read(u, known, change, last_hot, core, hot.ref, hot.desired_pages, last_set)
+        if cool_idx is None:
+            self._note_read(u, known, change, last_hot, core, hot.ref, hot.desired_pages, last_set)
+        else:  # every unit accessed is among every candidate (the victim pool adds none)
+            self._note_read(everyone, known_all, change, last_hot, core, hot.ref,
+                            hot.desired_pages, last_set)
         p, d = plan.promote, plan.demote
         self._chosen = np.sort(u.keys(p)) if len(p) else None
         promoted, demoted = int(u.npages[p].sum()), int(u.npages[d].sum())
@@ -160,7 +175,8 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             # promoted pages under the exchange bar: warm units filling free room
             "warm_promote_pages": int(u.npages[p[score[p] < f.bar[p]]].sum()),
             "young_read": bool(young_test), "thrash": round(self._thrash, 4),
-            "candidates": int(len(u)),
+            "candidates": int(len(u)) + (0 if cool_idx is None else int(np.count_nonzero(
+                ~member_sorted(cool_idx, u.idx)))),  # the cool ones left out counted too
         }
         # a new hot set seen in part (its units' rates not all estimated yet): read again soon
         return Decision(promote=u.idx[p].astype(np.int64), demote=u.idx[d].astype(np.int64),
@@ -182,6 +198,29 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         self._chosen = None
         return Decision(promote=p.astype(np.int64), demote=d.astype(np.int64), stats=stats)
 
+    def _hot_set(self, view: PageView, u: Units, score, known, fast, rest: float,
+                 cap: Capacity, seen_now: bool):
+        """(the units the rest of the decision looks at, the hot set among them, the state
+        indices of the cool units left out or None). Read by candidates and ranked by heat,
+        the units under half the last noise floor are left out when the ranking shows that
+        they change nothing (rules/cool.py); otherwise every candidate is ranked."""
+        c = self.config
+        under = None if seen_now or not view.incremental else cool.below(self._last_floor, c)
+        hot = cool_idx = None
+        if under is not None:
+            keep, left = cool.split(score, known, under)
+            if left.n:
+                part = u.subset(keep)
+                hot = hot_set(part.heat, known[keep], fast[keep], part.npages, cap.low, c, rest,
+                              left)
+                if hot is not None:
+                    u, cool_idx = part, u.idx[~keep]
+        if hot is None:
+            hot = hot_set(score, known, fast, u.npages, cap.low, c,
+                          rest * 1e-6 if seen_now else rest)
+        self._last_floor = hot.floor
+        return u, hot, cool_idx
+
     def _fast_units(self, view: PageView, u: Units, hot: HotSet, fast, must: int,
                     max_moves: int, seen_now: bool, node: int) -> np.ndarray:
         """The fast units an exchange may demote (positions in ``u``). Read by candidates,
@@ -195,7 +234,7 @@ class Heuristic(PhaseWatch, Throttle, Policy):
                                      view.interval, self.config)
         if len(pool):
             hot.remap(u.extend(np.sort(pool)))  # the pool comes coldest first
-        if complete:
+        if complete:  # the pool is every unit on the node, the cool ones among them
             return np.flatnonzero(u.node == node)
         return np.searchsorted(u.idx, pool)
 

@@ -41,6 +41,39 @@ def test_reference_heat_is_the_coldest_of_the_units_carrying_ref_mass():
     assert noise.reference_heat(F([]), 0.0, C) == 0.0
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_hot_order_without_the_cool_units_is_the_order_with_them(seed):
+    """Left out of the ranking (policies/rules/cool.py: counted, their heat summed), the units
+    under a bound give the same order, reference heat and floor to the last bit, or None when
+    the bound is not under the floor."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    score = np.where(rng.random(n) < 0.4, rng.choice([1.0, 1.0000001, 2.0], n),
+                     rng.lognormal(5, 2, n))
+    fast = rng.random(n) < 0.5
+    rest = float(rng.choice([0.0, 50.0, 1e5]))
+    every = noise.hot_order(score, np.arange(n), fast, C, rest)
+    under = float(rng.choice([3.0, 0.5 * every[2], 2 * every[2]]))
+    keep = score >= under
+    cool = noise.Cool(n=int((~keep).sum()), heat=float(score[~keep].sum()), below=under)
+    part = noise.hot_order(score[keep], np.arange(int(keep.sum())), fast[keep], C, rest,
+                           cool=cool)
+    if under >= every[2]:  # the floor is not above the cool units
+        assert part is None
+        return
+    assert part is not None
+    order, ref, floor = part
+    assert ref == every[1] and floor == every[2]
+    assert np.array_equal(np.flatnonzero(keep)[order], every[0])
+
+
+def test_reference_heat_asks_for_every_unit_when_the_share_falls_past_the_ranked_ones():
+    cool = noise.Cool(n=100, heat=1000.0, below=20.0)
+    assert noise.reference_heat(F([100.0, 50]), 0.0, C, cool) is None
+    assert noise.reference_heat(F([]), 0.0, C, cool) is None
+    assert noise.reference_heat(F([10000.0, 50]), 0.0, C, cool) == 10000.0
+
+
 def test_noise_floor_is_a_share_of_the_reference_but_at_least_min_heat():
     assert noise.noise_floor(1000.0, C) == pytest.approx(C.noise_ratio * 1000)
     assert noise.noise_floor(2.0, C) == C.min_heat

@@ -292,3 +292,69 @@ def test_union_remap_places_both_inputs():
         rest = np.ones(len(u), bool)
         rest[at_a] = False
         assert np.array_equal(np.flatnonzero(rest), added)
+
+
+@pytest.mark.parametrize("pool_min", [65536, 16])
+@pytest.mark.parametrize("seed", range(4))
+def test_cool_units_left_out_change_no_decision(seed, pool_min, monkeypatch):
+    """Leaving the units far under the last noise floor out of the decision's work
+    (policies/rules/cool.py) decides as ranking every candidate does: the same moves and the
+    same stats (the reference heat to the last bit, the candidates counted), with region
+    units, single-page noise at about min_heat, a hot set that moves, fast budgets small and
+    large (a victim pool that is the whole fast node, and one far smaller than it)."""
+    from pagetier.policies.heuristic import Heuristic
+    from pagetier.policies.rules import cool
+
+    monkeypatch.setattr(state_mod, "POOL_MIN", pool_min)
+    hot_set, split = Heuristic._hot_set, []
+
+    def counted(self, *a):
+        u, hot, cool_idx = hot_set(self, *a)
+        split.append(cool_idx is not None)
+        return u, hot, cool_idx
+
+    monkeypatch.setattr(Heuristic, "_hot_set", counted)
+    n = 4000
+    addrs = np.arange(n, dtype=np.uint64) * np.uint64(512 * 4096)
+
+    def smp(idx, rates, nodes, complete=False):
+        s = sample(addrs[idx], rates, nodes, complete=complete)
+        s.npages = np.full(len(idx), 512, np.uint16)
+        return s
+
+    def run(leave_out):
+        below = cool.below
+        monkeypatch.setattr(cool, "below", below if leave_out else lambda *a: None)
+        st = PageState()
+        pol = create("heuristic")
+        r = np.random.default_rng(seed)
+        hot = r.choice(n, 300, replace=False)
+        st.begin_interval()
+        st.update(smp(np.arange(n), np.zeros(n), r.choice([FAST, SLOW], n), complete=True))
+        out = []
+        for i in range(40):
+            if r.random() < 0.15:  # a phase change, often partial
+                k = int(r.integers(30, 301))
+                hot = np.unique(np.r_[hot[k:], r.choice(n, k, replace=False)])
+            st.begin_interval()
+            hit = np.zeros(n, bool)
+            hit[hot] = r.random(len(hot)) < (0.3 if r.random() < 0.2 else 0.9)  # some partial
+            noise = r.random(n) < 0.02
+            hit |= noise
+            idx = np.flatnonzero(hit)
+            rates = np.where(np.isin(idx, hot), r.uniform(50, 25000, len(idx)),
+                             np.where(r.random(len(idx)) < 0.8, 1.0, 2.0))
+            st.update(smp(idx, rates, st.node[idx]))
+            budget = int(r.choice([20, 200, 3000])) * 512
+            d = pol.decide(st, Context(fast_budget=budget, max_moves=int(r.choice([2048, 1 << 40]))))
+            out.append((d.promote.tolist(), d.demote.tolist(), d.stats))
+            st.record_moves(d.promote, FAST)
+            st.record_moves(d.demote, SLOW)
+        return out
+
+    with_cool = run(True)
+    left = sum(split)
+    every = run(False)
+    assert left >= 20 and sum(split) == left  # left out in most decisions, and only with it on
+    for i, (a, b) in enumerate(zip(with_cool, every)):
+        assert a == b, i

@@ -13,5 +13,7 @@
 
 ``plan`` turns the verdicts into moves, ``planner`` holds the two helpers every ranking
 policy shares (``fill_budget``, ``plan_moves``), ``arrays`` the numeric helpers, ``config``
-the options, and ``view`` is the one place that reads a PageState.
+the options, ``cool`` which candidates far under the last noise floor the decision leaves out
+of its work on each unit (the ranking shows they change nothing), and ``view`` is the one
+place that reads a PageState.
 """

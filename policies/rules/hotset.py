@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pagetier.policies.rules.arrays import sorted_unique
-from pagetier.policies.rules.noise import hot_order
+from pagetier.policies.rules.noise import Cool, hot_order
 from pagetier.policies.rules.planner import fill_budget
 
 
@@ -33,11 +33,17 @@ class HotSet:
             remap[self.order], remap[self.desired], remap[self.by_index])
 
 
-def hot_set(score, known, fast, npages, cap: int, c, rest: float = 0.0) -> HotSet:
+def hot_set(score, known, fast, npages, cap: int, c, rest: float = 0.0,
+            cool: Cool | None = None) -> HotSet | None:
     """The hot set by ``score`` among units on a known node (``known``), ties to the fast
-    ones (``fast``), fitting ``cap`` pages; ``rest``: the summed score of units left out."""
-    order, ref, floor = hot_order(score, np.flatnonzero(known & (score > 0)), fast, c, rest,
-                                  npages if c.per_page else None)
+    ones (``fast``), fitting ``cap`` pages; ``rest``: the summed score of units left out.
+    ``cool``: ranked units left out as well (rules/cool.py); None when ranking them might
+    have given another hot set."""
+    got = hot_order(score, np.flatnonzero(known & (score > 0)), fast, c, rest,
+                    npages if c.per_page else None, cool)
+    if got is None:
+        return None
+    order, ref, floor = got
     pages = int(npages[order].sum())
     desired = fill_budget(order, npages, cap)
     desired_pages = pages if len(desired) == len(order) else int(npages[desired].sum())

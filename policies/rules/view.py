@@ -81,6 +81,13 @@ class Units:
         pick[local] = True
         return self._keys[pick]
 
+    def subset(self, keep: np.ndarray) -> "Units":
+        """The units of mask ``keep``, as a set of their own."""
+        return Units(self.view, self.idx[keep], self.heat[keep],
+                     None if self.rate is None else self.rate[keep], self.node[keep],
+                     self.npages[keep], self.last_move[keep],
+                     None if self._keys is None else self._keys[keep])
+
     def extend(self, more: np.ndarray) -> np.ndarray:
         """Add state units ``more`` (sorted) to the set; returns where each old position went."""
         idx, remap, added = union_remap(self.idx, more)
