@@ -74,6 +74,16 @@ def test_reference_heat_asks_for_every_unit_when_the_share_falls_past_the_ranked
     assert noise.reference_heat(F([10000.0, 50]), 0.0, C, cool) == 10000.0
 
 
+def test_sorted_rates_are_numpys_sort():
+    from pagetier.policies.rules.sparse import sorted_rates
+
+    rng = np.random.default_rng(3)
+    as32 = rng.lognormal(0, 3, 5000).astype(np.float32).astype(np.float64)
+    for x in (as32, rng.lognormal(0, 3, 5000), np.r_[as32, 1e300], np.zeros(0)):
+        got = sorted_rates(x)
+        assert got.dtype == np.float64 and np.array_equal(got, np.sort(x))
+
+
 def test_noise_floor_is_a_share_of_the_reference_but_at_least_min_heat():
     assert noise.noise_floor(1000.0, C) == pytest.approx(C.noise_ratio * 1000)
     assert noise.noise_floor(2.0, C) == C.min_heat

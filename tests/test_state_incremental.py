@@ -346,7 +346,8 @@ def test_cool_units_left_out_change_no_decision(seed, pool_min, monkeypatch):
                              np.where(r.random(len(idx)) < 0.8, 1.0, 2.0))
             st.update(smp(idx, rates, st.node[idx]))
             budget = int(r.choice([20, 200, 3000])) * 512
-            d = pol.decide(st, Context(fast_budget=budget, max_moves=int(r.choice([2048, 1 << 40]))))
+            moves = int(r.choice([2048, 1 << 40]))
+            d = pol.decide(st, Context(fast_budget=budget, max_moves=moves))
             out.append((d.promote.tolist(), d.demote.tolist(), d.stats))
             st.record_moves(d.promote, FAST)
             st.record_moves(d.demote, SLOW)

@@ -1,12 +1,13 @@
 """Cool units: candidates a decision can leave out of its work on each unit.
 
-At scale most of the units a decision looks at are far below the noise floor: at 1 TiB in
-region units with 5% accessed, a third of the candidates (three fifths with 1%) are regions
-that one noise page touched in this interval, at about ``min_heat``. None of them is hot, none
-fills room, none is a victim (the victims come from the fast node's coldest units, and those
-join the decision whatever it left out). They count in two places only: the ranked heat that
-sets the reference heat (rules/noise.py), and the accessed units the phase detector, the
-sparse evidence and the next read's bookkeeping look at, which are given every candidate.
+At scale many of the units a decision looks at are far below the noise floor: at 1 TiB in
+region units with 5% accessed, nearly half of the candidates (four fifths with 1%), most of
+them regions that one noise page touched in this interval, at about ``min_heat``. None of
+them is hot, none fills room, none is a victim (the victims come from the fast node's
+coldest units, and those join the decision whatever it left out). They count in two places
+only: the ranked heat that sets the reference heat (rules/noise.py), and the accessed units
+the phase detector, the sparse evidence and the next read's bookkeeping look at, which are
+given every candidate.
 
 So the units under half the last decision's noise floor are left out (:func:`split`) and the
 ranking is told how many there are and their summed heat (rules/noise.py: :class:`Cool`). The

@@ -66,6 +66,18 @@ def poisson_bounds(k: np.ndarray, z: float) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+def sorted_rates(x: np.ndarray) -> np.ndarray:
+    """``np.sort(x)`` for float64 ``x``, sorted as float32 when every value is one (rates read
+    from a PageState are): the same values in the same order, at about 0.6 times the cost
+    (54,000 rates at 1 TiB, 5% accessed)."""
+    with np.errstate(over="ignore"):  # a value out of float32's range: sorted as float64
+        x32 = x.astype(np.float32)
+    if not np.array_equal(x32, x):
+        return np.sort(x)
+    x32.sort()
+    return x32.astype(np.float64)
+
+
 class SparseEvidence:
     """Each sampled unit's decayed sample count (sorted ``keys``, ``count``), and the decayed
     number of reads (``exposure``) they are counted over."""
@@ -91,7 +103,7 @@ class SparseEvidence:
         if samples.sum() > 0:  # the count at which half of this read's samples are
             self.seen += 1
             if self.seen > SKIP_READS:  # the first read's counts are the start-up's
-                x = np.sort(samples)
+                x = sorted_rates(samples)
                 cw = np.cumsum(x)
                 med = float(x[np.searchsorted(cw, 0.5 * cw[-1])])
                 self._typical_exp = self.decay * self._typical_exp + 1.0
