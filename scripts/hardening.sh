@@ -10,17 +10,23 @@
 #   - >= 100,000 page migrations under the daemon with hotcold checking its memory, for each
 #     kmod mode with THP on and off;
 #   - the soak: the daemon managing churn + a moving hot set for SOAK_S seconds (default 1800),
-#     its RSS and the kernel's unreclaimable slab sampled every 10 s.
+#     its RSS and the kernel's unreclaimable slab sampled every 10 s;
+#   - the memory kinds under hazards for PAGETIER_KINDS_S seconds (default 1800): targets on
+#     shmem, a MAP_SHARED and a MAP_PRIVATE file on ext4 munmapping, mremapping, truncating,
+#     punching holes, forking... while attached in each mode, read, unmarked and moved between
+#     the nodes, each life ended by its exit, a detach, attach/detach cycles or rmmod
+#     (tests/guest/test_kinds_hazards.py).
 #
 # Usage: scripts/hardening.sh [KERNEL[:SOAK_S]...]   (default: 6.1 6.12)
 #        scripts/hardening.sh 6.12 6.1:600            (a shorter soak on 6.1)
 #        PAGETIER_PARALLEL=1 scripts/hardening.sh      (every VM at once: the soak of each kernel
 #                                                      in its own VM beside the other tests)
-#        PAGETIER_PARTS=soak scripts/hardening.sh 6.1  (only the soak, or only "stress")
+#        PAGETIER_PARTS=soak scripts/hardening.sh 6.1  (only the soak, or "stress", "kinds")
 #        PAGETIER_PARTS= scripts/hardening.sh 6.1 6.12 (run nothing: the table of the last runs)
 #        PAGETIER_HAZARDS_S=600 scripts/hardening.sh   (a shorter hazards run)
-# One after the other, each kernel takes about 70 minutes plus its soak. Logs, soak curves and
-# the table as JSON go to build/hardening/.
+#        PAGETIER_PARTS=kinds PAGETIER_KINDS_S=600 scripts/hardening.sh 6.12   (the kinds only)
+# One after the other, each kernel takes about 70 minutes plus its soak and its kinds run. Logs,
+# soak curves and the table as JSON go to build/hardening/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec .venv/bin/python - "$@" <<'PY'
@@ -40,7 +46,8 @@ vm = test_vm()  # scripts/testvm.py
 
 soak_default = os.environ.get("PAGETIER_SOAK_S", "1800")
 hazards_s = os.environ.get("PAGETIER_HAZARDS_S", "1800")
-parts = os.environ.get("PAGETIER_PARTS", "stress soak").split()
+kinds_s = os.environ.get("PAGETIER_KINDS_S", "1800")
+parts = os.environ.get("PAGETIER_PARTS", "stress soak kinds").split()
 soak = {a.split(":")[0]: (a.split(":") + [soak_default])[1] for a in sys.argv[1:] or ["6.1", "6.12"]}
 kernels = list(soak)
 out = Path("build/hardening")
@@ -48,7 +55,8 @@ out.mkdir(parents=True, exist_ok=True)
 binary(); binary("churn")
 PARTS = {"stress": "tests/guest/test_hardening.py tests/guest/test_daemon_integrity.py "
                    "tests/guest/test_kmod_hazards.py",
-         "soak": "tests/guest/test_daemon_soak.py"}
+         "soak": "tests/guest/test_daemon_soak.py",
+         "kinds": "tests/guest/test_kinds_hazards.py"}
 results = {}
 
 
@@ -70,8 +78,10 @@ def saved(kernel, part):
 
 def one(kernel, part):
     res = vm.run(f"PAGETIER_SOAK_S={soak[kernel]} PAGETIER_HAZARDS_S={hazards_s} "
+                 f"PAGETIER_KINDS_S={kinds_s} "
                  f"python -m pytest -p no:cacheprovider -q -rfEs -s -m long {PARTS[part]}",
-                 kernel=kernel, timeout=float(soak[kernel]) + float(hazards_s) + 5400)
+                 kernel=kernel,
+                 timeout=float(soak[kernel]) + float(hazards_s) + float(kinds_s) + 5400)
     (out / f"{kernel}-{part}.log").write_text(res.output + "\n--- dmesg\n" + res.dmesg)
     (out / f"{kernel}-{part}.json").write_text(json.dumps({**res.__dict__, "soak_s": soak[kernel]},
                                                           default=str))
@@ -114,13 +124,20 @@ for k in kernels:
         "bytes checked": num(r"(\d+) bytes checked", o, many=True),
         "soak s": int(float(soak_s)),
         "soak migrations": num(r"soak: \d+ s, \d+ intervals, (\d+) page migrations", o),
+        "kinds s": num(r"kinds hazards: (\d+) s", o),
+        "kinds hazards": num(r"kinds hazards: \d+ s, \d+ lives, (\d+) hazards", o),
+        "kinds moved": num(r"kinds hazards: .*?, (\d+) pages moved", o),
+        # a life stops at its first corrupt page, which it names: the lives that found one
+        "kinds corrupt": len(set(re.findall(r"corrupt \([\w-]+\): \w+ page \d+", o))),
         "kernel reports": sum(len(r.reports) for r in runs),
-        "result": "pass" if len(runs) == len(PARTS) and all(r.ok for r in runs) else "FAIL",
+        # "incomplete": every part that ran passed, but a part has never run on this kernel
+        "result": "FAIL" if not all(r.ok for r in runs) else
+                  "pass" if len(runs) == len(PARTS) else "incomplete",
     })
     for r in runs:
         print(f"\n===== {r.kernel}: exit {r.returncode}, {r.seconds:.0f} s =====")
         # result lines, some printed after pytest's progress dots
-        found = (re.match(r"[.sF]*?((churn|ioctl fuzz|integrity|soak|together|exec race|FAILED|ERROR|E  |"
+        found = (re.match(r"[.sF]*?((churn|ioctl fuzz|integrity|soak|together|exec race|kinds hazards|FAILED|ERROR|E  |"
                           r"\d+ (passed|failed)).*)", ln) for ln in r.output.splitlines())
         print("\n".join(m.group(1) for m in found if m))
         for rep in r.reports:
