@@ -62,6 +62,7 @@ const struct pagetier_mode_ops pagetier_abit_ops = {
 	.pmd = abit_pmd,
 	.flush = true,
 	.upper_window = true,
+	.period_from_start = true,
 	.probe_pte = abit_probe_pte,
 	.probe_pmd = abit_probe_pmd,
 };

@@ -47,6 +47,8 @@ struct pagetier_target;
  *		the TLB after an arming pass. Return: PT_PROBE_HIT and/or PT_PROBE_ARMED (the unit
  *		is armed now). May be NULL: the mode cannot probe.
  * @probe_pmd:	the same for a huge PMD mapping.
+ * @period_from_start: whether the scan periods are timed start to start (target.c,
+ *		next_scan_delay()); otherwise each waits a whole period after the last one ended.
  */
 struct pagetier_mode_ops {
 	const char *name;
@@ -58,6 +60,7 @@ struct pagetier_mode_ops {
 	bool flush;
 	bool protects; /* @pte and @pmd change protections: invalidate secondary MMUs around them */
 	bool upper_window; /* clear the upper bits a short window before the scan tests them */
+	bool period_from_start; /* scan_period_ms timed from a period's start, not its end */
 	void (*detach)(struct pagetier_target *t);
 	unsigned long (*unmark)(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
 	unsigned int (*probe_pte)(struct pagetier_target *t, struct vm_area_struct *vma,

@@ -207,16 +207,44 @@ static void detach_target(struct pagetier_target *t)
 	pagetier_target_put(t);
 }
 
+/*
+ * The wait before the next period of @t, whose period began at @started (jiffies).
+ *
+ * A mode with period_from_start (abit) starts its periods scan_period_ms apart, however long
+ * each took: a count there says whether a page's Accessed bit was set since the last pass read
+ * it, whatever the time between passes, and a pass of hundreds of milliseconds (a large target,
+ * the window and the probes' sleeps) would otherwise stretch a 250 ms period to a second or
+ * more, and leave 1 s intervals with no pass at all. A period that overran its length is
+ * followed at once rather than at the next multiple of the period: what the pass read is already
+ * older than asked, and skipping would age it further for nothing. Periods never overlap, as the
+ * work item is queued again only by itself, at its end; the next period's window and probe
+ * windows still sleep between its walks, and STATS scan_ns shows what the walks cost.
+ *
+ * Fault mode waits a whole period after each one's end: its hinting marks count accesses from
+ * the pass that left them until the next, and timed start to start its frequency ranking lost
+ * the contrast between hot and cold pages (docs/kmod.md, "When a period starts").
+ */
+static unsigned long next_scan_delay(const struct pagetier_target *t, unsigned long started)
+{
+	unsigned long period = msecs_to_jiffies(t->scan_period_ms);
+	unsigned long spent = jiffies - started;
+
+	if (!t->ops->period_from_start)
+		return period;
+	return spent < period ? period - spent : 0;
+}
+
 static void scan_work(struct work_struct *work)
 {
 	struct pagetier_target *t = container_of(to_delayed_work(work), struct pagetier_target, work);
+	unsigned long started = jiffies;
 	bool mine = false;
 	int ret = pagetier_scan(t);
 
 	if (ret == -ESRCH && follow_exec(t))
 		ret = pagetier_scan(t);
 	if (ret != -ESRCH) {
-		queue_delayed_work(scan_wq, &t->work, msecs_to_jiffies(t->scan_period_ms));
+		queue_delayed_work(scan_wq, &t->work, next_scan_delay(t, started));
 		return;
 	}
 	/* the target exited: forget it, unless whoever unlinked it already owns it */
