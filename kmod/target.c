@@ -215,10 +215,12 @@ static void detach_target(struct pagetier_target *t)
  * it, whatever the time between passes, and a pass of hundreds of milliseconds (a large target,
  * the window and the probes' sleeps) would otherwise stretch a 250 ms period to a second or
  * more, and leave 1 s intervals with no pass at all. A period that overran its length is
- * followed at once rather than at the next multiple of the period: what the pass read is already
- * older than asked, and skipping would age it further for nothing. Periods never overlap, as the
- * work item is queued again only by itself, at its end; the next period's window and probe
- * windows still sleep between its walks, and STATS scan_ns shows what the walks cost.
+ * followed after a quarter of a period rather than at the next multiple of it: what the pass
+ * read is already older than asked, and skipping would age it further for nothing, while the
+ * quarter keeps a target whose passes always overrun from holding a worker busy back to back:
+ * every pass is followed by a rest of at least a quarter period. Periods never overlap, as the work
+ * item is queued again only by itself, at its end; the next period's window and probe windows
+ * still sleep between its walks, and STATS scan_ns shows what the walks cost.
  *
  * Fault mode waits a whole period after each one's end: its hinting marks count accesses from
  * the pass that left them until the next, and timed start to start its frequency ranking lost
@@ -231,7 +233,7 @@ static unsigned long next_scan_delay(const struct pagetier_target *t, unsigned l
 
 	if (!t->ops->period_from_start)
 		return period;
-	return spent < period ? period - spent : 0;
+	return spent + period / 4 < period ? period - spent : period / 4;
 }
 
 static void scan_work(struct work_struct *work)
