@@ -56,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -559,6 +560,11 @@ def render(doc: dict) -> str:
                  for k, v in doc["modules"].items()), ""]
     if doc.get("command"):
         lines[1:1] = ["", f"    $ {doc['command']}"]
+    if doc.get("host_load"):
+        lo = doc["host_load"]
+        lines += [f"host load (1-minute average, sampled every {LoadSampler.EVERY_S:.0f} s): "
+                  f"{lo['start']:.1f} at the boot, median {lo['median']:.1f}, "
+                  f"{lo['min']:.1f}-{lo['max']:.1f} ({doc.get('vm_seconds', '?')} s in the VM)", ""]
     if doc.get("note"):
         lines += [doc["note"], ""]
 
@@ -603,6 +609,20 @@ def render(doc: dict) -> str:
                     row.append(f"{r['scan_ms_per_pass']:.0f} + {r['probe_ms_per_pass']:.0f}, "
                                f"{r['wall_ms_per_pass']:.0f} wall, {r['no_pass_intervals']} none"
                                if r and "scan_ms_per_pass" in r else "-")
+                lines.append(f"| {k} | " + " | ".join(row) + " |")
+            lines.append("")
+            # the goal's first line, for both motions: a pass ended in every 1 s interval
+            lines += [f"Intervals with no pass ended, THP {'on' if thp else 'off'}: still / "
+                      "moving (of the intervals read in each)", "",
+                      "| module/mode | " + " | ".join(label_mb(s) for s in sizes) + " |",
+                      "|---" * (len(sizes) + 1) + "|"]
+            for k in keys:
+                row = []
+                for s in sizes:
+                    got = [((cell(s, thp, m) or {}).get("module") or {}).get(k) for m in
+                           ("still", "moving")]
+                    row.append(" / ".join(f"{r['no_pass_intervals']} of {len(r['trail'])}"
+                                          if r and "no_pass_intervals" in r else "-" for r in got))
                 lines.append(f"| {k} | " + " | ".join(row) + " |")
             lines.append("")
         # after / before
@@ -720,6 +740,38 @@ def markdown_section(docs: list[dict], command: str) -> str:
 
 
 # ------------------------------------------------------------------ host side
+class LoadSampler:
+    """The host's 1-minute load average at the start and every EVERY_S seconds of a VM run (a
+    context manager; summary() after it)."""
+
+    EVERY_S = 15.0
+
+    def __init__(self):
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.EVERY_S):
+                return
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict:
+        s = self.samples
+        return {"start": s[0], "median": statistics.median(s), "min": min(s), "max": max(s),
+                "samples": len(s)}
+
+
 def host_main(a, argv: list[str]) -> int:
     from pagetier.checkout import test_vm
     from pagetier.workload import binary
@@ -758,12 +810,14 @@ def host_main(a, argv: list[str]) -> int:
     for k in a.kernels:
         cmd = ("python scripts/bench_scale.py --guest " + " ".join(shlex.quote(x) for x in guest_args)
                + f" --json \"$PAGETIER_VM_OUT/{RESULT_NAME}\"")
-        res = vm.run(cmd, kernel=k, fast=label_mb(fast), slow=label_mb(slow), hmat=(k == "6.12"),
-                     echo=True, timeout=a.timeout)
+        with LoadSampler() as load:  # the host's: the figures move with what else runs
+            res = vm.run(cmd, kernel=k, fast=label_mb(fast), slow=label_mb(slow),
+                         hmat=(k == "6.12"), echo=True, timeout=a.timeout)
         out = res.outdir / RESULT_NAME
         if out.exists():
             docs.append(json.loads(out.read_text()))
             docs[-1]["vm_seconds"] = round(res.seconds)
+            docs[-1]["host_load"] = load.summary()
             docs[-1]["command"] = ("scripts/bench_scale.py " + " ".join(shlex.quote(x) for x in argv)
                                    if len(a.kernels) == 1 else f"(the {k} boot of the command above)")
             docs[-1]["kernel_reports"] = res.reports
