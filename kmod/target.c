@@ -218,9 +218,9 @@ static void detach_target(struct pagetier_target *t)
  * followed after a quarter of a period rather than at the next multiple of it: what the pass
  * read is already older than asked, and skipping would age it further for nothing, while the
  * quarter keeps a target whose passes always overrun from holding a worker busy back to back:
- * every pass is followed by a rest of at least a quarter period. Periods never overlap, as the work
- * item is queued again only by itself, at its end; the next period's window and probe windows
- * still sleep between its walks, and STATS scan_ns shows what the walks cost.
+ * every pass is followed by a rest of at least a quarter period. Periods never overlap, as the
+ * work item is queued again only by itself, at its end; the next period's window and probe
+ * windows still sleep between its walks, and STATS scan_ns shows what the walks cost.
  *
  * Fault mode waits a whole period after each one's end: its hinting marks count accesses from
  * the pass that left them until the next, and timed start to start its frequency ranking lost
@@ -229,11 +229,11 @@ static void detach_target(struct pagetier_target *t)
 static unsigned long next_scan_delay(const struct pagetier_target *t, unsigned long started)
 {
 	unsigned long period = msecs_to_jiffies(t->scan_period_ms);
-	unsigned long spent = jiffies - started;
+	unsigned long spent = jiffies - started, rest = period / 4;
 
 	if (!t->ops->period_from_start)
 		return period;
-	return spent + period / 4 < period ? period - spent : period / 4;
+	return spent + rest < period ? period - spent : rest;
 }
 
 static void scan_work(struct work_struct *work)

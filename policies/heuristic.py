@@ -149,11 +149,11 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             throttled_max=throttled_max)
         limit = which_limit(f, plan, throttled_max if reasons else max_moves, cap.low,
                             cap.node_bound)
-        if cool_idx is None:
-            self._note_read(u, known, change, last_hot, core, hot.ref, hot.desired_pages, last_set)
-        else:  # every unit accessed is among every candidate (the victim pool adds none)
-            self._note_read(everyone, known_all, change, last_hot, core, hot.ref,
-                            hot.desired_pages, last_set)
+        # with cool units left out, every unit accessed is among every candidate (the victim
+        # pool adds none)
+        seen, seen_known = (u, known) if cool_idx is None else (everyone, known_all)
+        self._note_read(seen, seen_known, change, last_hot, core, hot.ref, hot.desired_pages,
+                        last_set)
         p, d = plan.promote, plan.demote
         self._chosen = np.sort(u.keys(p)) if len(p) else None
         promoted, demoted = int(u.npages[p].sum()), int(u.npages[d].sum())

@@ -572,6 +572,11 @@ def render(doc: dict) -> str:
         return next((c for c in cells if c["size_mb"] == size and c["thp"] == thp
                      and c["motion"] == motion), None)
 
+    def head(*cols):
+        """A table's header and rule: the columns ``cols``, then one per footprint."""
+        return ["| " + " | ".join([*cols, *map(label_mb, sizes)]) + " |",
+                "|---" * (len(cols) + len(sizes)) + "|"]
+
     for thp in (False, True):
         if not any(c["thp"] == thp for c in cells):
             continue
@@ -600,8 +605,7 @@ def render(doc: dict) -> str:
             lines += [f"Where a pass's time goes, THP {'on' if thp else 'off'}, still: walk ms + "
                       "probe ms per pass (STATS scan_ns, probe_ns: busy time), wall ms from one "
                       "pass's end to the next, intervals of the run with no pass ended", "",
-                      "| module/mode | " + " | ".join(label_mb(s) for s in sizes) + " |",
-                      "|---" * (len(sizes) + 1) + "|"]
+                      *head("module/mode")]
             for k in keys:
                 row = []
                 for s in sizes:
@@ -614,8 +618,7 @@ def render(doc: dict) -> str:
             # the goal's first line, for both motions: a pass ended in every 1 s interval
             lines += [f"Intervals with no pass ended, THP {'on' if thp else 'off'}: still / "
                       "moving (of the intervals read in each)", "",
-                      "| module/mode | " + " | ".join(label_mb(s) for s in sizes) + " |",
-                      "|---" * (len(sizes) + 1) + "|"]
+                      *head("module/mode")]
             for k in keys:
                 row = []
                 for s in sizes:
@@ -630,8 +633,7 @@ def render(doc: dict) -> str:
         if any(k.startswith("before/") for k in keys) and any(k.startswith("after/") for k in keys):
             lines += [f"after / before, THP {'on' if thp else 'off'}, still: ms per pass "
                       "(cpu per second)", "",
-                      "| mode | " + " | ".join(label_mb(s) for s in sizes) + " |",
-                      "|---" * (len(sizes) + 1) + "|"]
+                      *head("mode")]
             for m in modes:
                 row = []
                 for s in sizes:
@@ -644,8 +646,7 @@ def render(doc: dict) -> str:
         # precision and recall
         lines += [f"**Precision / recall per 1 s interval, THP {'on' if thp else 'off'}** "
                   "(median/min of P, median/min of R)", "",
-                  "| who | hot set | " + " | ".join(label_mb(s) for s in sizes) + " |",
-                  "|---" * (len(sizes) + 2) + "|"]
+                  *head("who", "hot set")]
         # (label, where in a cell's record the P/R summary is)
         rows = [(f"{k} {what}", k, field) for k in keys
                 for what, field in (("count", None), ("freq", "freq_pr"),

@@ -20,7 +20,7 @@ from pagetier.core import sorted_find
 from pagetier.policies.rules.arrays import argsort_desc
 
 
-def reference_heat(ranked: np.ndarray, rest: float, c, cool: "Cool | None" = None):
+def reference_heat(ranked: np.ndarray, rest: float, c, cool: Cool | None = None) -> float | None:
     """The heat of the coldest of the units ``ranked`` (hottest first) that carry ``ref_mass``
     of all the heat, ``rest`` being the summed heat of units left out of ``ranked`` (all colder
     than ``min_heat``; when the reference falls among them it is ``min_heat``). 0.0 if none.

@@ -2,12 +2,23 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 
 from pagetier.profiler import kmod
+
+HERE = Path(__file__).resolve().parent
+
+
+def build_hazards(directory: Path) -> str:
+    """tests/guest/kmod_hazards.c compiled for this guest into ``directory``; its path."""
+    exe = Path(directory) / "kmod_hazards"
+    subprocess.run(["gcc", "-O2", "-Wall", "-I", str(HERE.parent.parent / "kmod/include/uapi"),
+                    "-o", str(exe), str(HERE / "kmod_hazards.c")], check=True)
+    return str(exe)
 
 
 def vmstat(key: str) -> int:

@@ -351,6 +351,15 @@ static int mapped_run(int o, int *first)
 	return n;
 }
 
+/* The model's addresses of the run of @n pages at @p of @k, now mapped from @base. */
+static void place_run(struct kobj *k, int p, int n, char *base)
+{
+	int i;
+
+	for (i = 0; i < n; i++)
+		k->addr[p + i] = base + (size_t)i * KPAGE;
+}
+
 /* The same, of pages that can be touched (inside the file). */
 static int touchable_run(int o, int *first)
 {
@@ -383,7 +392,7 @@ static int hazard_munmap(int o)
 static int hazard_remap(int o)
 {
 	struct kobj *k = &objs[o];
-	int p = below(KPAGES), tries, n, i;
+	int p = below(KPAGES), tries, n;
 	char *a;
 
 	for (tries = 0; tries < KPAGES && k->addr[p]; tries++)
@@ -398,8 +407,7 @@ static int hazard_remap(int o)
 		perror("mmap");
 		_exit(2);
 	}
-	for (i = 0; i < n; i++)
-		k->addr[p + i] = a + (size_t)i * KPAGE;
+	place_run(k, p, n, a);
 	return 1;
 }
 
@@ -408,7 +416,7 @@ static int hazard_remap(int o)
 static int hazard_mremap(int o)
 {
 	struct kobj *k = &objs[o];
-	int p, n = mapped_run(o, &p), i;
+	int p, n = mapped_run(o, &p);
 	size_t len = (size_t)n * KPAGE;
 	char *to, *got;
 
@@ -428,8 +436,7 @@ static int hazard_mremap(int o)
 		munmap(to, len);
 		return -1;
 	}
-	for (i = 0; i < n; i++)
-		k->addr[p + i] = got + (size_t)i * KPAGE;
+	place_run(k, p, n, got);
 	return 1;
 }
 

@@ -36,12 +36,10 @@ from pagetier.bench.live import FileSystem
 from pagetier.core import mover
 from pagetier.profiler import kmod
 
-from helpers import targets, vmstat
+from helpers import build_hazards, targets, vmstat
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("kmod_fresh")]
 
-HERE = Path(__file__).resolve().parent
-UAPI_DIR = HERE.parent.parent / "kmod/include/uapi"
 SCAN_MS = 20
 SHORT_S = 20  # a short life: about a thousand hazards under emulation
 LONG_LIFE_S = 45
@@ -66,10 +64,7 @@ def _exiting(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def helper(tmp_path_factory) -> str:
     """kmod_hazards.c, compiled for this guest."""
-    exe = tmp_path_factory.mktemp("kinds") / "kmod_hazards"
-    subprocess.run(["gcc", "-O2", "-Wall", "-I", str(UAPI_DIR), "-o", str(exe),
-                    str(HERE / "kmod_hazards.c")], check=True)
-    return str(exe)
+    return build_hazards(tmp_path_factory.mktemp("kinds"))
 
 
 @pytest.fixture(scope="module")

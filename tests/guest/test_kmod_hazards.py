@@ -23,12 +23,10 @@ from pagetier import uapi
 from pagetier.profiler import kmod
 from pagetier.workload import binary
 
-from helpers import fresh_module, wait_scans
+from helpers import build_hazards, fresh_module, wait_scans
 
 pytestmark = pytest.mark.vm
 
-HERE = Path(__file__).resolve().parent
-UAPI_DIR = HERE.parent.parent / "kmod/include/uapi"
 DEADLINE_S = 10.0  # an ioctl that must not wait on another target: generous, under emulation
 
 
@@ -42,10 +40,7 @@ def module_loaded():
 @pytest.fixture(scope="module")
 def helper(tmp_path_factory) -> str:
     """kmod_hazards.c, compiled for this guest."""
-    exe = tmp_path_factory.mktemp("hazards") / "kmod_hazards"
-    subprocess.run(["gcc", "-O2", "-Wall", "-I", str(UAPI_DIR), "-o", str(exe),
-                    str(HERE / "kmod_hazards.c")], check=True)
-    return str(exe)
+    return build_hazards(tmp_path_factory.mktemp("hazards"))
 
 
 def _span(helper: str, size: int, stride: int, n: int) -> tuple[subprocess.Popen, int]:
@@ -475,9 +470,7 @@ def bench(kos: list[str]) -> None:
     import platform
     import tempfile
 
-    exe = Path(tempfile.mkdtemp()) / "kmod_hazards"
-    subprocess.run(["gcc", "-O2", "-Wall", "-I", str(UAPI_DIR), "-o", str(exe),
-                    str(HERE / "kmod_hazards.c")], check=True)
+    exe = build_hazards(Path(tempfile.mkdtemp()))
     shapes = {"dense 16 MiB": (16 << 20, 4096), "sparse 16 GiB": (SMALL_SIZE, SMALL_STRIDE),
               "sparse 16 TiB": (SPARSE_SIZE, SPARSE_STRIDE)}
     rows = {}
@@ -486,7 +479,7 @@ def bench(kos: list[str]) -> None:
         kmod.load_module(Path(ko))
         for mode in ("fault", "abit"):
             for name, (size, stride) in shapes.items():
-                rows[ko, mode, name] = _scan_cost(str(exe), mode, size, stride)
+                rows[ko, mode, name] = _scan_cost(exe, mode, size, stride)
     kmod.unload_module()
     print(f"kernel {platform.release()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           "per scan pass (module time, STATS scan_ns and walk_entries)")
