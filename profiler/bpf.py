@@ -117,8 +117,10 @@ class BpfProfiler(Profiler):
         if mark == "kmod":
             from pagetier.profiler.kmod import KmodProfiler
 
+            # the marks are what the eBPF program counts: fault mode for every target (kinds
+            # auto would attach one mostly in 4 KiB pages in abit, which makes no marks)
             self.marker = KmodProfiler(mode="fault", scan_period_ms=scan_period_ms,
-                                       sample_ratio=sample_ratio)
+                                       sample_ratio=sample_ratio, kinds="off")
 
     @classmethod
     def probe(cls) -> None:

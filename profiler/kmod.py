@@ -297,13 +297,13 @@ def resident_bytes(pid: int) -> int:
 GRANULARITIES = ("auto", "page", "region")
 AUTO_REGION_BYTES = 1 << 30  # granularity auto: regions for targets that map more than this
 
-# The mode for 4 KiB shared memory and page cache (``kinds`` "auto", module 0.5 on): in fault
-# mode, a target whose memory is mostly shmem or file-backed 4 KiB pages (or a private file
-# mapping's copies of them: anonymous 4 KiB pages in a file VMA) is attached in abit mode.
-# Fault mode takes a hinting fault on every 4 KiB page it marks, in the program's own time (a
-# THP anon target takes one per 2 MiB); abit tests and clears Accessed bits in the module's
-# scan and takes no faults. Other anonymous memory, THP or not, keeps the configured mode.
-# Measured in bench live: docs/benchmarks.md, "Memory kinds".
+# The mode for memory in 4 KiB pages (``kinds`` "auto", module 0.5 on): in fault mode, a
+# target whose memory is mostly 4 KiB pages (shmem, page cache, a private file mapping's
+# copies, or anonymous memory outside transparent huge pages) is attached in abit mode. Fault
+# mode takes a hinting fault on every 4 KiB page it marks, in the program's own time (a THP
+# anon target takes one per 2 MiB); abit tests and clears Accessed bits in the module's scan
+# and takes no faults. A target mostly in THP anonymous memory keeps the configured mode.
+# Measured in bench live: docs/benchmarks.md, "Memory kinds" and "4 KiB anonymous pages".
 KINDS = ("auto", "off")
 KINDS_MODE = "abit"
 # too little of either kind to tell yet: decided again when the target has more (refresh)
@@ -351,10 +351,10 @@ class KmodProfiler(Profiler):
         PROT_READ), which the module leaves out by default as NUMA balancing does. Module 0.5.
 
         ``kinds``: "auto" (default): in fault mode, with no ``sample_ratio`` or ``page_budget``
-        given, a target whose memory is mostly 4 KiB shmem or page-cache pages (or a private
-        file mapping's copies of them) is attached in abit mode (KINDS_MODE, :meth:`choose`),
-        every other target in ``mode``; "off": every target in ``mode``. :attr:`tuning` says
-        what each target got and why."""
+        given, a target whose memory is mostly in 4 KiB pages (shmem, page cache, a private
+        file mapping's copies, anonymous memory outside transparent huge pages) is attached in
+        abit mode (KINDS_MODE, :meth:`choose`), a target mostly in THP in ``mode``; "off":
+        every target in ``mode``. :attr:`tuning` says what each target got and why."""
         if kinds not in KINDS:
             raise ConfigError(f"kmod: unknown kinds {kinds!r} (known: {', '.join(KINDS)})")
         if mode not in uapi.MODES:
@@ -419,11 +419,11 @@ class KmodProfiler(Profiler):
     def choose(self, pid: int) -> dict:
         """The mode for attached ``pid``, from the module's last scan of it: the configured
         one, or with ``kinds`` auto in fault mode and no sample ratio or page budget
-        configured, KINDS_MODE where its 4 KiB shmem and file pages (the module's
-        ``pages_shmem`` + ``pages_file``, and the anonymous copies of a private file mapping's
-        pages in /proc/PID/smaps) are at least KINDS_MIN_BYTES and more than its other
-        anonymous memory. Returns {"mode", "sample_ratio" (the configured one), "why",
-        "settled", "shared_file_bytes", "anon_bytes"}; not settled while the target has under
+        configured, KINDS_MODE where its memory in 4 KiB pages (the module's ``pages_shmem``
+        + ``pages_file``, and from /proc/PID/smaps the anonymous memory outside huge pages,
+        private file mappings' copies among it) is at least KINDS_MIN_BYTES and more than its
+        anonymous memory in huge pages. Returns {"mode", "sample_ratio" (the configured one),
+        "why", "settled", "small_bytes", "huge_bytes"}; not settled while the target has under
         KINDS_MIN_BYTES of both (a program just started: see :meth:`retune`)."""
         out = {"mode": self.mode, "sample_ratio": self.sample_ratio, "settled": True}
         if self.kinds != "auto":
@@ -439,18 +439,21 @@ class KmodProfiler(Profiler):
             if e.errno != errno.ESRCH:
                 raise
             return dict(out, why="gone")
-        mix = memory_mix(pid) or {"anon": 0, "anon_file": 0}
+        mix = memory_mix(pid) or {}
         copies = int(mix.get("anon_file", 0))
-        small = (int(st.get("pages_shmem", 0)) + int(st.get("pages_file", 0))) * 4096 + copies
-        anon = int(mix["anon"]) - copies
-        out.update(shared_file_bytes=small, anon_bytes=anon)
-        mib = (f"{small / (1 << 20):.1f} MiB of 4 KiB shmem/file pages"
-               + (f" ({copies / (1 << 20):.1f} MiB private copies)" if copies else "")
-               + f", {anon / (1 << 20):.1f} MiB anonymous")
-        if small >= KINDS_MIN_BYTES and small > anon:
+        huge = int(mix.get("anon_huge", 0))
+        small_anon = max(int(mix.get("anon", 0)) - huge - copies, 0)
+        shared = (int(st.get("pages_shmem", 0)) + int(st.get("pages_file", 0))) * 4096
+        small = shared + copies + small_anon
+        out.update(small_bytes=small, huge_bytes=huge)
+        mib = (f"{shared / (1 << 20):.1f} MiB of 4 KiB shmem/file pages"
+               + (f", {copies / (1 << 20):.1f} MiB private copies" if copies else "")
+               + f", {small_anon / (1 << 20):.1f} MiB 4 KiB anonymous"
+               + f", {huge / (1 << 20):.1f} MiB in huge pages")
+        if small >= KINDS_MIN_BYTES and small > huge:
             return dict(out, mode=KINDS_MODE,
                         why=f"{mib}: {KINDS_MODE} mode (no hinting faults on 4 KiB pages)")
-        settled = max(small, anon) >= KINDS_MIN_BYTES
+        settled = max(small, huge) >= KINDS_MIN_BYTES
         return dict(out, settled=settled,
                     why=f"{mib}: fault mode" + ("" if settled else " (too little to tell yet)"))
 

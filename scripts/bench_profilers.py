@@ -63,7 +63,7 @@ WORKLOAD = ["--size", str(SIZE_MB), "--hot", str(HOT_MB), "--hot-offset", str(HO
             "--duration", "0", "--quiet"]
 # name -> (backend, options)
 CONFIGS = {
-    "kmod-fault": ("kmod", {"mode": "fault", "scan_period_ms": 200}),
+    "kmod-fault": ("kmod", {"mode": "fault", "kinds": "off", "scan_period_ms": 200}),
     "kmod-abit": ("kmod", {"mode": "abit", "scan_period_ms": 200}),
     "damon": ("damon", {}),
     # the workload alone on CPU 1; the recorder and kdamond on CPU 0 (DAMON clears Accessed

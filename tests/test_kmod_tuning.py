@@ -1,6 +1,6 @@
 """The kmod profiler's per-target mode (kinds "auto", the default): a target whose memory is
-mostly 4 KiB shared memory or page cache is attached in abit mode, others in the configured
-mode; a program too small to tell at attach is decided again when it has grown. With a fake
+mostly in 4 KiB pages (shared memory, page cache, private copies, anonymous memory without THP)
+is attached in abit mode, one mostly in THP anonymous memory in the configured mode; a program too small to tell at attach is decided again when it has grown. With a fake
 /dev/pagetier: what the module is asked to attach, and what the daemon logs and reports."""
 from __future__ import annotations
 
@@ -35,18 +35,21 @@ class FakeDev:
                 "pages_file": file}
 
 
-def profiler(monkeypatch, anon: dict, copies: dict | None = None, **opts):
+def profiler(monkeypatch, anon: dict, copies: dict | None = None, huge: dict | None = None,
+             **opts):
     """A KmodProfiler on FakeDev; ``anon``: pid -> bytes of anonymous memory (smaps), of them
-    ``copies``: pid -> bytes in file mappings."""
+    ``copies``: pid -> bytes in file mappings and ``huge``: pid -> bytes in transparent huge
+    pages (by default all the anonymous memory outside file mappings)."""
     p = object.__new__(kmod.KmodProfiler)
     p.mode, p.scan_period_ms = opts.get("mode", "fault"), 250
     p.sample_ratio, p.page_budget = opts.get("sample_ratio", 0), opts.get("page_budget", 0)
     p.attach_flags, p.has_kinds, p.has_freq, p.has_regions = 0, True, True, True
     p.kinds = opts.get("kinds", "auto")
     p.tuning, p._regions, p.pids, p.dev = {}, {}, set(), FakeDev()
+    copies = copies or {}
     monkeypatch.setattr(kmod, "memory_mix", lambda pid: {
-        "anon": anon.get(pid, 0), "anon_huge": 0, "rss": 0,
-        "anon_file": (copies or {}).get(pid, 0)})
+        "anon": anon.get(pid, 0), "rss": 0, "anon_file": copies.get(pid, 0),
+        "anon_huge": (huge or {}).get(pid, anon.get(pid, 0) - copies.get(pid, 0))})
     return p
 
 
@@ -82,8 +85,28 @@ def test_a_private_file_mappings_copies_run_in_abit(monkeypatch):
     p = profiler(monkeypatch, {1: 258 * MIB}, copies={1: 256 * MIB})
     p.attach(1)
     assert p.dev.attached == {1: "abit"}
-    assert "256.0 MiB of 4 KiB shmem/file pages (256.0 MiB private copies), 2.0 MiB " \
-           "anonymous: abit mode" in p.tuning[1]["why"]
+    assert "0.0 MiB of 4 KiB shmem/file pages, 256.0 MiB private copies, 0.0 MiB 4 KiB " \
+           "anonymous, 2.0 MiB in huge pages: abit mode" in p.tuning[1]["why"]
+
+
+@pytest.mark.parametrize("small_mib, huge_mib, mode", [
+    (256, 0, "abit"),     # THP off (MADV_NOHUGEPAGE, or THP "never" / "madvise" not asked)
+    (200, 56, "abit"),    # mostly 4 KiB: a THP heap beside it
+    (100, 156, "fault"),  # mostly in huge pages
+    (12, 0, "fault"),     # too little to tell yet: decided again at a refresh
+])
+def test_4k_anonymous_memory_runs_in_abit_and_thp_in_fault_mode(
+        monkeypatch, small_mib, huge_mib, mode):
+    """Anonymous memory outside huge pages takes a hinting fault per 4 KiB page in fault
+    mode: a target mostly of it is attached in abit, one mostly in THP stays in fault mode."""
+    p = profiler(monkeypatch, {1: (small_mib + huge_mib) * MIB}, huge={1: huge_mib * MIB})
+    p.attach(1)
+    t = p.tuning[1]
+    assert p.dev.attached == {1: mode} and t["mode"] == mode, t
+    assert f"{small_mib:.1f} MiB 4 KiB anonymous, {huge_mib:.1f} MiB in huge pages: {mode} " \
+           "mode" in t["why"], t
+    assert t["small_bytes"] == small_mib * MIB and t["huge_bytes"] == huge_mib * MIB
+    assert t["settled"] == (mode == "abit" or huge_mib > 16)
 
 
 def test_memory_mix_counts_anonymous_pages_in_file_mappings_apart(tmp_path, monkeypatch):
@@ -178,15 +201,22 @@ def test_a_program_that_grows_into_shared_memory_is_attached_again(monkeypatch, 
     assert "attaching it again" in caplog.text and "abit mode" in caplog.text
 
 
-def test_a_small_program_that_grows_anonymous_memory_stays_in_fault_mode(monkeypatch):
+def test_a_small_program_that_grows_thp_memory_stays_in_fault_mode(monkeypatch):
     p = profiler(monkeypatch, {7: 1 * MIB})
     p.attach(7)
     assert p.retune(7) is False and not p.tuning[7]["settled"]
     p.dev.kinds_pages[7] = 8 * MIB // 4096
-    memo = {7: 64 * MIB}
-    monkeypatch.setattr(kmod, "memory_mix", lambda pid: {"anon": memo[pid]})
+    monkeypatch.setattr(kmod, "memory_mix", lambda pid: {"anon": 64 * MIB, "anon_huge": 64 * MIB})
     assert p.retune(7) is False and p.tuning[7]["settled"] and p.tuning[7]["mode"] == "fault"
     assert p.dev.calls == [("attach", 7, "fault", 0)]
+
+
+def test_a_small_program_that_grows_4k_anonymous_memory_is_attached_again_in_abit(monkeypatch):
+    p = profiler(monkeypatch, {7: 1 * MIB})
+    p.attach(7)
+    assert not p.tuning[7]["settled"]
+    monkeypatch.setattr(kmod, "memory_mix", lambda pid: {"anon": 64 * MIB, "anon_huge": 2 * MIB})
+    assert p.retune(7) is True  # the caller (Targets.refresh) attaches it again
 
 
 def test_bad_kinds_options_are_errors_before_anything_is_loaded(monkeypatch):

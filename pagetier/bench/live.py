@@ -92,7 +92,7 @@ MEMORY_DESCRIPTIONS = {"anon": "", "shmem": " of shared memory (MAP_SHARED|MAP_A
 FILE_KINDS = ("file", "private")  # kinds whose buffer is a file on the run's ext4
 KIND_SCENARIOS = ("noise0", "noise100", "fuller", "phases")  # also run on each other kind
 # a private file mapping's written pages are anonymous 4 KiB copies in a file VMA: the same
-# scenarios (kinds auto chooses abit for them as for shmem and page cache)
+# scenarios (kinds auto chooses abit for them as for every 4 KiB kind)
 PRIVATE_SCENARIOS = KIND_SCENARIOS
 PATTERNS = ("random", "sweep")  # hotcold --pattern
 # third-party programs a scenario may run instead of hotcold: the command for a Spec. Neither
@@ -317,7 +317,8 @@ def select_scenarios(names: str | None, quick: bool = False, seconds: int | None
 
 
 # "auto": the daemon's default, fault mode with kinds auto (abit for a target that is mostly
-# 4 KiB shmem, page cache or private copies); "fault", "abit": that mode for every target
+# in 4 KiB pages: shmem, page cache, private copies, anonymous without THP); "fault", "abit":
+# that mode for every target
 # (kinds off) where a configuration names it (pagetier:POLICY@MODE)
 MODES = ("fault", "abit", "auto")
 

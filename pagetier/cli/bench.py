@@ -313,9 +313,10 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
                                           "scenario's own)")
 @click.option("--mode", default="fault", show_default=True,
               help="pagetier.ko profiling mode: fault, abit, or auto (the daemon's default: "
-                   "fault, with abit for targets mostly of 4 KiB shmem or file pages); several "
-                   "(auto,fault): each mode a configuration, pagetier:POLICY@MODE, taking turns "
-                   "in one boot, a named fault or abit for every target")
+                   "fault, with abit for targets mostly in 4 KiB pages: shmem, files, THP "
+                   "off); several (auto,fault): each mode a configuration, "
+                   "pagetier:POLICY@MODE, taking turns in one boot, a named fault or abit for "
+                   "every target")
 @click.option("--interval", type=float, help="the daemon's interval in pagetier's runs, s "
                                              "(default 1)")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,

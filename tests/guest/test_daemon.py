@@ -236,7 +236,8 @@ def test_region_granularity_promotes_the_hot_regions(env, numab_on, mode):
     node within the budget, and no page is corrupted."""
     r, stats, events = run_daemon(
         env, ["--fast-budget", "96M", "--interval", "1", "--profiler", "kmod",
-              "--profiler-option", f"mode={mode}", "--profiler-option", "granularity=region"],
+              "--profiler-option", f"mode={mode}", "--profiler-option", "granularity=region",
+              "--profiler-option", "kinds=off"],  # 4 KiB pages: kinds auto would choose abit
         ["--size", "256", "--hot", "32", "--hot-offset", "64", "--start-node", "1", "--no-thp",
          "--duration", "30"])
     assert r.returncode == 0, summary(r, stats, events)

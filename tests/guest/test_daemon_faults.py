@@ -40,8 +40,9 @@ def test_target_killed_mid_migration(env, numab_off):
     for delay in (0.0, 0.3, 1.0):
         w = Workload("--size", "128", "--hot", "96", "--start-node", "1", "--duration", "0",
                      "--quiet", "--no-thp")
+        # fault mode (kinds off: 4 KiB pages would get abit), whose marks a kill must not strand
         d = DaemonRun(["attach", str(w.pid), "--json", "--fast-budget", "256M", "--interval",
-                       "0.5", "--rate", "0"], env)
+                       "0.5", "--rate", "0", "--profiler-option", "kinds=off"], env)
         try:
             d.wait_for(lambda: d.stats and d.stats[-1]["interval"] >= 1, WAIT, "a first interval")
             time.sleep(delay)

@@ -33,6 +33,7 @@ def drive_migrations(tmp_path, mode: str, thp: bool, pages: int, timeout: float,
     and forth until the daemon has moved ``pages`` pages; then hotcold checks its memory."""
     args = ["run", "--json", "--policy", "ping-pong", "--interval", "0.5", "--rate", "0",
             "--profiler-option", f"mode={mode}", "--profiler-option", "scan_period_ms=100",
+            "--profiler-option", "kinds=off",  # the mode asked for, 4 KiB pages too
             "--", str(binary()), "--size", str(size), "--hot", str(hot), "--phase", "2",
             "--start-node", "1", "--duration", "0", "--quiet", *([] if thp else ["--no-thp"])]
     mig0 = vmstat("pgmigrate_success")

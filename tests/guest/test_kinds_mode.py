@@ -1,7 +1,7 @@
 """The kmod profiler's mode per target (``kinds`` auto, the default), in the two-node VM: a
-target whose memory is mostly 4 KiB shared memory, or private copies of a MAP_PRIVATE file
-mapping's pages, is attached in abit mode, an anonymous one in the configured fault mode, and
-the module's own stats say so; under the daemon, a shmem
+target whose memory is mostly in 4 KiB pages (shared memory, private copies of a MAP_PRIVATE
+file mapping's pages, anonymous memory with THP off) is attached in abit mode, a THP
+anonymous one in the configured fault mode, and the module's own stats say so; under the daemon, a shmem
 target's hot part reaches the fast node in abit mode and stays there.
 
     scripts/vm --kernel 6.12 --hmat -- .venv/bin/python -m pytest -q tests/guest/test_kinds_mode.py
@@ -35,6 +35,8 @@ def test_shmem_target_is_attached_in_abit_and_anon_in_fault_mode():
     the first and fault for the second, and both are counted."""
     args = ("--size", "64", "--hot", "16", "--duration", "0", "--quiet")
     with Workload("--memory", "shmem", *args) as shm, Workload(*args) as anon:
+        huge = kmod.memory_mix(anon.pid)["anon_huge"]
+        assert huge >= 48 * MIB, f"the THP target got {huge >> 20} MiB of huge pages"
         prof = kmod.KmodProfiler(load=False)
         try:
             prof.attach(shm.pid)
@@ -60,8 +62,8 @@ def test_private_copies_of_a_file_mapping_are_attached_in_abit(tmp_path):
     own 4 KiB anonymous copies in a file VMA, which the module counts as anonymous. Only
     /proc/PID/smaps tells them from other anonymous memory (memory_mix's anon_file): with the
     defaults the target is attached in abit, the choice names the copies, and it is counted.
-    Beside it, a 64 MiB anonymous target with THP off (also 4 KiB anonymous pages) stays in
-    fault mode: the copies, not the page size, decide."""
+    Beside it, a 64 MiB anonymous target with THP off (4 KiB anonymous pages) is attached in
+    abit too, and its choice says so."""
     args = ("--size", "64", "--hot", "16", "--duration", "0", "--quiet")
     with Workload("--memory", f"private:{tmp_path / 'data'}", *args) as priv, \
             Workload("--no-thp", *args) as anon:
@@ -77,9 +79,11 @@ def test_private_copies_of_a_file_mapping_are_attached_in_abit(tmp_path):
             assert (t[priv.pid]["mode"], prof.stats(priv.pid)["mode"]) == \
                 ("abit", uapi.MODES["abit"]), why
             assert "private copies" in why[priv.pid] and "abit mode" in why[priv.pid], why
-            assert t[priv.pid]["shared_file_bytes"] >= 48 * MIB, t[priv.pid]
+            assert t[priv.pid]["small_bytes"] >= 48 * MIB, t[priv.pid]
             assert (t[anon.pid]["mode"], prof.stats(anon.pid)["mode"]) == \
-                ("fault", uapi.MODES["fault"]), why
+                ("abit", uapi.MODES["abit"]), why
+            assert "4 KiB anonymous" in why[anon.pid], why
+            assert t[anon.pid]["small_bytes"] >= 48 * MIB > t[anon.pid]["huge_bytes"], t[anon.pid]
             deadline = time.monotonic() + 120
             while not (prof.read(priv.pid).count > 0).any():
                 assert time.monotonic() < deadline, f"no counts for the copies: {why}"

@@ -112,7 +112,7 @@ def test_profiler_first_read_lists_every_page(mode):
     ended), so a daemon's first interval decides on all of them; a read before that scan ends
     would say it is partial."""
     with Workload("--size", "256", "--hot", "8", "--no-thp", "--duration", "0", "--quiet") as w:
-        prof = kmod.KmodProfiler(mode=mode, scan_period_ms=5000)
+        prof = kmod.KmodProfiler(mode=mode, scan_period_ms=5000, kinds="off")  # 4 KiB: as asked
         try:
             prof.attach(w.pid)
             sample = prof.read(w.pid)
