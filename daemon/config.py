@@ -110,6 +110,19 @@ def _validate(raw: dict, where: str) -> dict:
     return out
 
 
+def parse_value(v: str):
+    """A KEY=VALUE option's value given as text: int, float, true/false, or a string."""
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
 def parse_listen(value, key: str = "metrics", where: str = "") -> tuple[str, int]:
     """``"[ADDR:]PORT"`` (or a port number) as (address, port). PORT alone listens on every
     IPv4 address ("0.0.0.0", as node_exporter's ":PORT" does); ``[::]:PORT`` for IPv6 too. Port 0

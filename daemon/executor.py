@@ -9,7 +9,8 @@ marked stuck, and ENOMEM marks the node full and ends this interval's moves to i
 whole-call error of a target that exited is not fatal: the target is dropped.
 
 The executor also measures the migration throughput it really gets: pages moved per second of
-``move`` wall time, smoothed over the moves (:attr:`Executor.throughput`). The daemon caps an
+``move`` wall time, smoothed over the moves, a small move that was slow weighing less
+(:attr:`Executor.throughput`). The daemon caps an
 interval's moves at what that throughput moves in about one interval, so that a plan never
 takes several intervals to carry out (under a slow tier, a busy machine or emulation, 64 MiB
 in one call took 5-10 s: the daemon was a phase behind, and its exchanges landed on a hot set
@@ -40,6 +41,14 @@ log = logging.getLogger("pagetier.daemon")
 # a move of fewer pages times the call's fixed costs more than the copying: not measured
 THROUGHPUT_MIN_PAGES = 512
 THROUGHPUT_SMOOTHING = 0.5  # weight of the newest measurement
+# ...but a move slower than the estimate weighs in proportion to its pages up to this many: a
+# small move's time is more the call's costs and the contention of a few hot pages than the
+# copying (bench live phases-nothp: an exchange of 8 MiB of pages being written ran at 20 MB/s
+# between two of 190 MB/s, and at full weight the estimate it left cut the next phase's
+# exchange to 70%). A faster one weighs in full, so that a cap never keeps the moves too small
+# to raise it; a large slow move lowers it in full, and the moves' deadline stops a move that
+# runs long whatever the estimate.
+THROUGHPUT_FULL_PAGES = 16384  # 64 MiB
 # pages per move_pages call, about (8 MiB: 4 huge pages); between calls a move checks its deadline
 CHUNK_PAGES = 2048
 
@@ -69,6 +78,8 @@ class Executor:
             return
         r = pages / seconds
         a = THROUGHPUT_SMOOTHING
+        if self.throughput is not None and r < self.throughput:
+            a *= min(1.0, pages / THROUGHPUT_FULL_PAGES)
         self.throughput = r if self.throughput is None else (1 - a) * self.throughput + a * r
 
     def move(self, idx: np.ndarray, node: int, acc: dict, forget: list, gone_pids: set,

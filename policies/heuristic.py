@@ -18,6 +18,8 @@ Each rule is a module of policies/rules/ (its docstring says what it decides and
 10. victims (rules/victims.py): which fast units make room, in what order;
 11. sparse evidence (rules/sparse.py): on thinly sampled reads, rates estimated across reads
     with Poisson confidence bounds decide instead of one read's margins;
+12. finishing a phase change (rules/finish.py): the change's exchange completed on this
+    read's rates, without the margin;
 
 and rules/plan.py puts the verdicts together into moves. The policy reads the state only
 through rules/view.py. Stats (``Decision.stats``, shown under "policy" in the daemon's JSON
@@ -45,6 +47,7 @@ from pagetier.policies.rules import cool
 from pagetier.policies.rules.capacity import Capacity
 from pagetier.policies.rules.config import Config
 from pagetier.policies.rules.exchange import exchange_bar, heat_before, steady_heat
+from pagetier.policies.rules.finish import finish_change
 from pagetier.policies.rules.fill import fill_ok, fill_scale, promoted_last, sustained_fill
 from pagetier.policies.rules.hotset import HotSet, hot_set
 from pagetier.policies.rules.phase import (INTERVAL_SCALE, PHASE_CHANGE_SCALE,  # noqa: F401
@@ -147,6 +150,13 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             lambda throttle, moves, freeze=False: make_plan(f, c, throttle, moves, freeze),
             reasons, now=now, change=change, resampled=res, max_moves=max_moves,
             throttled_max=throttled_max)
+        finished = 0
+        sets = self._finish_sets(change, seen_now, last_hot, core)
+        thrashing = "move-backs" in reasons or "frozen" in reasons
+        if sets is not None and u.rate is not None and not thrashing:
+            plan, finished = finish_change(plan, f, u.keys(np.arange(len(u))), u.rate,
+                                           view.stuck(u.idx), *sets, hot.floor, decay,
+                                           max_moves, cap.low)
         limit = which_limit(f, plan, throttled_max if reasons else max_moves, cap.low,
                             cap.node_bound)
         # with cool units left out, every unit accessed is among every candidate (the victim
@@ -172,6 +182,8 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             "promote_pages": promoted, "demote_pages": demoted,
             "exchange": bool(promoted and demoted and not must),
             "move_back_pages": plan.backs,
+            # pages moved finishing a phase change's exchange on this read's rates (finish.py)
+            "finish_pages": finished,
             # promoted pages under the exchange bar: warm units filling free room
             "warm_promote_pages": int(u.npages[p[score[p] < f.bar[p]]].sum()),
             "young_read": bool(young_test), "thrash": round(self._thrash, 4),
@@ -181,6 +193,21 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         # a new hot set seen in part (its units' rates not all estimated yet): read again soon
         return Decision(promote=u.idx[p].astype(np.int64), demote=u.idx[d].astype(np.int64),
                         stats=stats, read_soon=self._phase_check == "weak")
+
+    def _finish_sets(self, change: bool, seen_now: bool, last_hot, core):
+        """(the hot sets a phase change left and brought) in its read, when seen in the
+        read's rates, and for ``thrash_window`` reads after it, with ``finish_change``; else
+        None."""
+        c = self.config
+        if not c.finish_change:
+            return None
+        if change:
+            if not seen_now or last_hot is None or not len(last_hot):
+                return None  # a change in decayed heat: the read's rates are no new evidence
+            return last_hot, core
+        if self._changed and self._reads - self._changed[-1][2] < c.thrash_window:
+            return self._changed[-1][:2]
+        return None
 
     def _sparse_decision(self, view: PageView, ctx: Context, cap: Capacity) -> Decision:
         """The decision on sparse evidence (rules/sparse.py), over every unit of the state."""

@@ -1446,8 +1446,29 @@ def test_throughput_ignores_small_moves():
     ex = Executor(None, None, None, lambda pid: True)
     ex.measure(THROUGHPUT_MIN_PAGES - 1, 0.001)  # the call's fixed costs, not the copying
     assert ex.throughput is None
-    ex.measure(1000, 1.0)
-    ex.measure(3000, 1.0)
-    assert ex.throughput == 2000.0
+    ex.measure(1000, 1.0)  # the first measurement is the estimate
+    assert ex.throughput == 1000.0
     ex.measure(5000, 0.0)  # no time measured (a clock that stood still)
-    assert ex.throughput == 2000.0
+    assert ex.throughput == 1000.0
+
+
+def test_throughput_weighs_a_move_by_its_pages():
+    """A move slower than the estimate weighs THROUGHPUT_SMOOTHING in it when of
+    THROUGHPUT_FULL_PAGES or more, a smaller one in proportion to its pages: one slow exchange
+    of a few hot pages does not halve the estimate that caps the next phase's exchange. A
+    faster move weighs in full, however small."""
+    from pagetier.daemon.executor import THROUGHPUT_FULL_PAGES, THROUGHPUT_SMOOTHING, Executor
+
+    ex = Executor(None, None, None, lambda pid: True)
+    full = THROUGHPUT_FULL_PAGES
+    ex.measure(full, 0.5)  # 2 * full pages/s
+    ex.measure(full // 8, 0.5)  # an eighth of the pages, at a quarter of the rate
+    a = THROUGHPUT_SMOOTHING / 8
+    assert ex.throughput == pytest.approx((1 - a) * 2 * full + a * full / 4)
+    s = THROUGHPUT_SMOOTHING
+    before = ex.throughput
+    ex.measure(2 * full, 2.0)  # slower, of more than full pages: in full (full pages/s)
+    assert ex.throughput == pytest.approx((1 - s) * before + s * full)
+    before = ex.throughput
+    ex.measure(1000, 1000 / (8.0 * full))  # small but faster: in full (8 * full pages/s)
+    assert ex.throughput == pytest.approx((1 - s) * before + s * 8 * full)

@@ -216,6 +216,21 @@ def test_config_names():
         live_bench.config_names("heuristic", "numab")
 
 
+def test_a_policy_with_options_is_a_configuration_of_its_own():
+    """``POLICY+KEY=VALUE``: the policy run with that option, beside the plain one in the same
+    boot; its daemon gets the option as the config's policy_options. A key the policy does not
+    know is an error before anything runs."""
+    assert live_bench.config_names("heuristic,heuristic+finish_change=false", "kernel") == [
+        "kernel", "pagetier:heuristic", "pagetier:heuristic+finish_change=false"]
+    assert live_bench.policy_spec("heuristic+finish_change=false+margin=0.5") == (
+        "heuristic", {"finish_change": False, "margin": 0.5})
+    assert live_bench.policy_spec("lru") == ("lru", {})
+    with pytest.raises(ConfigError, match="no_such_key"):
+        live_bench.config_names("heuristic+no_such_key=1")
+    with pytest.raises(ConfigError, match="POLICY\\+KEY=VALUE"):
+        live_bench.config_names("heuristic+finish_change")
+
+
 def _doc():
     recs = [_rec("kernel", [0.5, 1.0, 1.0], moved_mb=64.0), _rec("pagetier:heuristic",
                                                                  [0.2, 0.97, 1.0], moved_mb=70.0)]

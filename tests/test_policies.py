@@ -973,6 +973,39 @@ def test_heuristic_phase_change_acted_on_when_seen():
     assert (st.node[16:32] == FAST).all()
 
 
+@pytest.mark.parametrize("finish", [True, False])
+def test_heuristic_a_read_across_a_phase_change_brings_the_whole_new_set(finish):
+    """A read that spans a phase change: the last hot set shows 40% of its rate, the new one
+    60% of its own (abit's counts of the passes before and after the change). With
+    ``finish_change`` the whole new set reaches the fast node in that read, judged against the
+    last set's units on this read's rates (rules/finish.py); without it the exchange margin
+    leaves the new set's cooler units on the slow node (bench live phases-nothp: 89% of the
+    window in the change's read)."""
+    n = 288
+    old, new = np.arange(96), np.arange(96, 192)
+
+    def rates(i):
+        g = np.random.default_rng(100 + i)
+        r = g.uniform(0.0, 0.5, n)  # cold pages, touched now and then
+        if i < 10:
+            r[old] = g.uniform(3.0, 4.0, 96)
+        else:
+            r[old] = g.uniform(3.0, 4.0, 96) * 0.4 if i == 10 else r[old]
+            r[new] = g.uniform(3.0, 4.0, 96) * (0.6 if i == 10 else 1.0)
+        return r
+
+    st, log = run_intervals(create("heuristic", {"finish_change": finish}), rates, npages=1,
+                            budget=128, intervals=11, capacity=lambda s: 140)
+    stats = log[10][2]
+    assert stats["phase_change"] and stats["ranked_by"] == "rate", stats
+    on_fast = int((st.node[new] == FAST).sum())
+    if finish:
+        assert on_fast == 96 and stats["finish_pages"] > 0, (on_fast, stats)
+        assert stats["fast_after"] <= 128, stats
+    else:
+        assert on_fast < 96 and stats["finish_pages"] == 0, (on_fast, stats)
+
+
 def test_heuristic_asks_to_read_again_soon_when_a_new_hot_set_is_seen_in_part():
     """The hot set moves to other units, and the first read after the move has rates for only
     a few of them (the rest counted, not yet probed): most accesses are off the last hot set,

@@ -37,7 +37,7 @@ promoting. pagetier's daemon gets the budget as ``--fast-budget``.
 
 Configurations: ``none`` (numa_balancing 0, no demotion), ``pagetier:POLICY`` (the daemon, forked
 from the bench process with the same Daemon and config a ``pagetier attach`` would build, on
-pagetier.ko), ``kernel`` (numa_balancing 2 with demotion: see kernel_tiering.KernelTiering)
+pagetier.ko; ``POLICY+KEY=VALUE`` with a policy option, to compare settings in one boot), ``kernel`` (numa_balancing 2 with demotion: see kernel_tiering.KernelTiering)
 and ``damos`` (kernel_tiering.DamosTiering). One that cannot run here is listed with the reason.
 
 Measured every TICK_MS (a second): the workload's own report of the share of its hot part on
@@ -359,6 +359,20 @@ def daemon_profiler_options(name: str, spec: Spec) -> dict:
     return out
 
 
+def policy_spec(text: str) -> tuple[str, dict]:
+    """A ``--policies`` entry: ``POLICY`` or ``POLICY+KEY=VALUE+...`` (the policy's options, as
+    the config's policy_options), e.g. ``heuristic+finish_change=false``: (name, options)."""
+    name, *pairs = text.split("+")
+    out = {}
+    for kv in pairs:
+        k, eq, v = kv.partition("=")
+        if not eq or not k.strip():
+            raise ConfigError(f"bench live: --policies {text!r}: give POLICY+KEY=VALUE, got "
+                              f"{kv!r}")
+        out[k.strip().replace("-", "_")] = config_mod.parse_value(v.strip())
+    return name.strip(), out
+
+
 def config_names(policies: str, baselines: str = DEFAULT_BASELINES,
                  modes: str = "fault") -> list[str]:
     """kernel first (the others' ratios are to it), pagetier:POLICY for each policy (with more
@@ -372,8 +386,16 @@ def config_names(policies: str, baselines: str = DEFAULT_BASELINES,
         raise ConfigError(f"bench live: unknown baseline {bad[0]!r} (known: {', '.join(BASELINES)})")
     names = ["kernel"] if "kernel" in want else []
     for p in filter(None, (x.strip() for x in policies.split(","))):
-        if p not in base.known():
-            raise ConfigError(f"bench live: unknown policy {p!r} (known: {', '.join(base.known())})")
+        name, options = policy_spec(p)
+        if name not in base.known():
+            raise ConfigError(f"bench live: unknown policy {name!r} (known: {', '.join(base.known())})")
+        if options:
+            from pagetier.policies import create
+
+            try:
+                create(name, options)
+            except ConfigError as e:
+                raise ConfigError(f"bench live: --policies {p!r}: {e}") from None
         ms = parse_modes(modes)
         names += [f"pagetier:{p}@{m}" for m in ms] if len(ms) > 1 else [f"pagetier:{p}"]
     return names + [b for b in ("damos", "none") if b in want]
@@ -581,8 +603,9 @@ def fork_daemon(pid: int, policy: str, spec: Spec,
     from pagetier.daemon.loop import Daemon, create_policy, create_profiler
     from pagetier.daemon.numab import NumaBalancing
 
-    overrides = {"policy": policy, "fast_budget": f"{spec.budget_mb}M", "interval": spec.interval_s,
-                 "json": True, "profiler": "kmod",
+    name, policy_options = policy_spec(policy)
+    overrides = {"policy": name, "fast_budget": f"{spec.budget_mb}M", "interval": spec.interval_s,
+                 "json": True, "profiler": "kmod", "policy_options": policy_options,
                  "profiler_options": options}
     cfg = config_mod.load(None, overrides)  # errors here, in the parent
     config_mod.check_nodes(cfg)

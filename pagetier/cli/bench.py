@@ -304,14 +304,16 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
 @click.option("--scenarios", "scenario_names",
               help="scenarios or families, comma-separated (default: all; --quick: its subset)")
 @click.option("--policies", default=live.DEFAULT_POLICIES, show_default=True,
-              help="pagetier policies to run, comma-separated ('' for none)")
+              help="pagetier policies to run, comma-separated ('' for none); "
+                   "POLICY+KEY=VALUE+... runs one with policy options, e.g. "
+                   "heuristic,heuristic+finish_change=false")
 @click.option("--baselines", help=f"of {','.join(live.BASELINES)} "
                                   f"[default: {live.DEFAULT_BASELINES}; "
                                   f"--quick: {live.QUICK_BASELINES}]")
 @click.option("--kernel", "-k", default="6.12", show_default=True, help="6.12 or 6.1")
 @click.option("--seconds", type=int, help="seconds per run, for every scenario (default: each "
                                           "scenario's own)")
-@click.option("--mode", default="fault", show_default=True,
+@click.option("--mode", default="auto", show_default=True,
               help="pagetier.ko profiling mode: fault, abit, or auto (the daemon's default: "
                    "fault, with abit for targets mostly in 4 KiB pages: shmem, files, THP "
                    "off); several (auto,fault): each mode a configuration, "

@@ -17,26 +17,13 @@ from pagetier.errors import ConfigError, PagetierError
 log = logging.getLogger("pagetier.daemon")
 
 
-def _parse_value(v: str):
-    """A KEY=VALUE option's value: int, float, true/false, or a string."""
-    low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return v
-
-
 def _kv(pairs, opt: str) -> dict | None:
     out = {}
     for p in pairs:
         key, eq, value = p.partition("=")
         if not eq or not key:
             raise ConfigError(f"{opt} takes KEY=VALUE, got {p!r}")
-        out[key.strip().replace("-", "_")] = _parse_value(value.strip())
+        out[key.strip().replace("-", "_")] = config_mod.parse_value(value.strip())
     return out or None
 
 

@@ -56,6 +56,7 @@ class Config:
     phase_mass: float = 0.5  # ...with under this share of the read's accesses on the last set
     phase_core: bool = True  # the pattern from the hot units at the exchange bar only (phase)
     follow_change: bool = True  # moves finishing a phase change's exchange: no move-backs
+    finish_change: bool = True  # ...and that exchange completed on the read's rates (finish.py)
     held_reads: int = 2  # after an irregular run: reads since the last change on its set (phase)
     look_between_reads: bool = True  # a phase change read at the period end that shows it (phase)
     young_corrections: bool = True  # moving back what a young read moved: no move-back (residency)

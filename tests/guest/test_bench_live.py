@@ -58,6 +58,19 @@ def test_pagetier_run_is_measured():
     assert _sysctls() == before
 
 
+def test_a_policy_option_reaches_the_daemon():
+    """pagetier:POLICY+KEY=VALUE: the forked daemon's policy runs with the option. With
+    min_heat above any unit's heat no unit ranks, and nothing is promoted."""
+    kmod.load_module()
+    try:
+        rec = live_bench.run_config("pagetier:heuristic+min_heat=1e12", TINY)
+    finally:
+        kmod.unload_module()
+    assert rec["runnable"] and rec["memory_ok"], rec.get("reason")
+    assert rec["daemon_stats"], "the forked daemon reported no interval"
+    assert sum(s["promoted"] for s in rec["daemon_stats"]) == 0, rec["daemon_stats"]
+
+
 def test_kernel_tiering_runs_on_612_and_says_why_not_on_61(kernel_series):
     before = _sysctls()
     spec = live_bench.Spec("tiny", seconds=8, phase=0, size_mb=32, hot_mb=8, budget_mb=16)
