@@ -113,7 +113,7 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         # a phase change seen in this interval's rates: rank by them, not by decayed heat
         self._phase_check = None
         seen_now = u.rate is not None and self._rate_phase_change(
-            u.keys, decay, u.rate, known, fast, u.npages, cap.low)
+            u.keys, decay, u.rate, known, fast, u.npages, cap.low, u.heat)
         score = rate_score(u, decay) if seen_now else u.heat
         # every candidate, for the rules that read the accessed units (the phase detector
         # above, the sparse evidence, the next read's bookkeeping); the rest of the decision
@@ -154,7 +154,7 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         sets = self._finish_sets(change, seen_now, last_hot, core)
         thrashing = "move-backs" in reasons or "frozen" in reasons
         if sets is not None and u.rate is not None and not thrashing:
-            plan, finished = finish_change(plan, f, u.keys(np.arange(len(u))), u.rate,
+            plan, finished = finish_change(plan, f, u.keys(np.arange(len(u))), u.rate, u.heat,
                                            view.stuck(u.idx), *sets, hot.floor, decay,
                                            max_moves, cap.low)
         limit = which_limit(f, plan, throttled_max if reasons else max_moves, cap.low,

@@ -1006,6 +1006,34 @@ def test_heuristic_a_read_across_a_phase_change_brings_the_whole_new_set(finish)
         assert on_fast < 96 and stats["finish_pages"] == 0, (on_fast, stats)
 
 
+@pytest.mark.parametrize("stay", [0.3, 0.0])
+def test_heuristic_a_burst_on_top_of_a_held_hot_set_is_no_phase_change(stay):
+    """The hot set is read all along at its rate; for one read a pass over other memory comes
+    on top, at a higher rate per unit and with more accesses in all (a training loop's pass over
+    its data set, bench sim torch-mlp). With ``phase_stay`` the read is no phase change
+    ("staying": the last hot set's units held their rates) and the hot set stays on the fast
+    node; without it, the burst's units push it out."""
+    n = 128
+    hot, burst = np.arange(16), np.arange(32, 80)
+
+    def rates(i):
+        r = np.full(n, 0.2)
+        r[hot] = 100.0
+        if i == 10:
+            r[burst] = 150.0
+        return r
+
+    st, log = run_intervals(create("heuristic", {"phase_stay": stay}), rates, npages=1,
+                            budget=24, intervals=11, capacity=lambda s: 24)
+    stats = log[10][2]
+    if stay:
+        assert stats["phase_check"] == "staying" and not stats["phase_change"], stats
+        assert (st.node[hot] == FAST).all()
+    else:
+        assert stats["phase_change"] and stats["ranked_by"] == "rate", stats
+        assert not (st.node[hot] == FAST).all()
+
+
 def test_heuristic_asks_to_read_again_soon_when_a_new_hot_set_is_seen_in_part():
     """The hot set moves to other units, and the first read after the move has rates for only
     a few of them (the rest counted, not yet probed): most accesses are off the last hot set,
@@ -1066,7 +1094,10 @@ def test_heuristic_phase_changes_acted_on_after_the_last_hot_set_held():
 
     acted, between = {}, {}
     for held in (2, 1000):
-        pol = create("heuristic", {"held_reads": held, "phase_core": held == 2})
+        # (the ablation without phase_stay too: a change of 6 units in 16 keeps the rest at
+        # their rates, and "staying" would rule it out)
+        pol = create("heuristic", {"held_reads": held, "phase_core": held == 2,
+                                   "phase_stay": 0.3 if held == 2 else 0.0})
         _, log = run_intervals(pol, rates, npages=1, budget=20, intervals=intervals,
                                capacity=lambda s: 20)
         by_rate = {k for k, (_, _, s) in enumerate(log) if s["ranked_by"] == "rate"}
@@ -1097,7 +1128,10 @@ def test_heuristic_a_read_that_probed_few_hot_units_is_no_phase_change(phase_mas
             r[16:] = after
         return r
 
-    pol = create("heuristic", {"phase_mass": phase_mass})
+    # (with the overlap alone: phase_stay off too, which would see 6 of the 16 hot units at
+    # their rates and rule the read out as well)
+    pol = create("heuristic", {"phase_mass": phase_mass,
+                               "phase_stay": 0.3 if phase_mass < 1 else 0.0})
     st, log = run_intervals(pol, rates, npages=1, budget=24, intervals=11,
                             capacity=lambda s: 24)
     stats = log[10][2]

@@ -54,6 +54,7 @@ class Config:
     regular_jaccard: float = 0.6  # mean overlap at or above it: a regular pattern
     phase_jaccard: float = 0.3  # overlap below it after a regular run: a phase change...
     phase_mass: float = 0.5  # ...with under this share of the read's accesses on the last set
+    phase_stay: float = 0.3  # ...and under this share of its pages still at their rate (0: off)
     phase_core: bool = True  # the pattern from the hot units at the exchange bar only (phase)
     follow_change: bool = True  # moves finishing a phase change's exchange: no move-backs
     finish_change: bool = True  # ...and that exchange completed on the read's rates (finish.py)
@@ -106,6 +107,8 @@ class Config:
             bad("regular_jaccard", "must be in [0, 1]")
         if not 0 < self.phase_mass <= 1:
             bad("phase_mass", "must be in (0, 1]")
+        if not 0 <= self.phase_stay <= 1:
+            bad("phase_stay", "must be in [0, 1]")
         if self.held_reads < 1:
             bad("held_reads", "must be >= 1")
         if not self.sparse_samples >= 0:

@@ -13,9 +13,9 @@ So with ``finish_change``, in the read of a change seen in its rates (rules/phas
 still off the fast node are exchanged against units it left that are still on it, both judged
 on this read's rates alone, with no margin: a brought unit goes in when its rate now is above
 the noise floor and above the rate now of the unit it pushes out, and a left unit goes only
-when its rate fell under ``LEAVING`` of what its heat after the last read stood for. Hysteresis
-holds on both sides, stuck units do not move, and the moves fit what the plan left of the
-interval's moves and the capacity the hot set is sized to (above it, only one for one). Units
+when it is leaving (rules/phase.py: its rate fell under half of what its heat stood for).
+Hysteresis holds on both sides, stuck units do not move, and the moves fit what the plan left
+of the interval's moves and the capacity the hot set is sized to (above it, only one for one). Units
 of neither set are left to the other rules, and a set that comes back (a ping-pong) finds the
 units it would move at the higher rate now, and moves nothing.
 
@@ -28,20 +28,20 @@ from __future__ import annotations
 import numpy as np
 
 from pagetier.policies.rules.arrays import member_sorted
+from pagetier.policies.rules.phase import leaving
 from pagetier.policies.rules.planner import plan_moves
 from pagetier.policies.rules.throttle import Plan
 
-LEAVING = 0.5  # a unit the change left goes when its rate fell under this share of its heat's
 
-
-def finish_change(plan: Plan, f, keys: np.ndarray, rate: np.ndarray, stuck: np.ndarray,
+def finish_change(plan: Plan, f, keys: np.ndarray, rate: np.ndarray, heat: np.ndarray,
+                  stuck: np.ndarray,
                   left: np.ndarray, brought: np.ndarray, floor: float, decay: float,
                   max_moves: int, cap: int) -> tuple[Plan, int]:
     """(``plan`` with the change's exchange carried on, the pages that added).
 
-    ``f``: the plan's Frame; ``keys``/``rate``/``stuck``: each unit's key, rate in this read
-    and whether the kernel refused its last move; ``left``/``brought``: the sorted keys of the
-    hot sets the change left and brought; ``floor``: the noise floor (heat); ``decay``: the
+    ``f``: the plan's Frame; ``keys``/``rate``/``heat``/``stuck``: each unit's key, rate in
+    this read, heat and whether the kernel refused its last move; ``left``/``brought``: the
+    sorted keys of the hot sets the change left and brought; ``floor``: the noise floor (heat); ``decay``: the
     heat's decay, with which a rate is compared to heat as a steady unit's; ``cap``: the fast
     pages the hot set is sized to (the low watermark's), which promotions do not pass (above
     it, a promotion goes only in exchange: nothing is demoted to get down to it)."""
@@ -58,8 +58,8 @@ def finish_change(plan: Plan, f, keys: np.ndarray, rate: np.ndarray, stuck: np.n
     hot_now = rate / (1.0 - decay) >= floor
     cand = np.flatnonzero(free & ~f.fast & f.in_set & hot_now & member_sorted(keys, brought))
     vict = free & f.fast & member_sorted(keys, left)
-    if f.prev is not None:  # leaving: its rate fell under LEAVING of its heat's
-        vict &= rate < LEAVING * f.prev * (1.0 - decay)
+    if decay > 0:
+        vict &= leaving(rate, heat, decay)
     vict = np.flatnonzero(vict)
     if not len(cand):
         return plan, 0

@@ -12,7 +12,10 @@ form such a set by their rates alone, with under ``phase_mass`` of the read's ac
 last hot set, the interval ranks by rates rather than by decayed heat, which would keep the
 old set an interval or two longer. A read that probed only some of the hot units overlaps the
 last set little, but most of its accesses are still on it: not a change. Nor is a read that
-found under half as many pages accessed as the last one (it missed most of the accesses).
+found under half as many pages accessed as the last one (it missed most of the accesses), nor
+one in which ``phase_stay`` of the last hot set's pages are in units still at their rate (not
+:func:`leaving`): new units came on top of a set that is still read ("staying"), as a pass
+over a data set a few reads long beside the parameters a training loop reads all along.
 After an earlier change the run need not be regular: a change by rates is taken once
 ``held_reads`` reads in a row since the last change had most of their accesses on the set it
 brought (or the last hot set), unless the read goes back to a set one of the last two changes
@@ -68,6 +71,16 @@ def interval_scale(pattern: str, change: bool, throttled: bool) -> float:
     return scale
 
 
+LEAVING = 0.5  # a unit whose rate fell under this share of what its heat stood for is leaving
+
+
+def leaving(rate: np.ndarray, heat: np.ndarray, decay: float) -> np.ndarray:
+    """Which units are leaving: this read's rate under ``LEAVING`` of the steady rate their
+    heat after the last read stood for (heat is this read's rate plus ``decay`` times it)."""
+    prev = np.maximum(heat - rate, 0.0) / decay
+    return rate < LEAVING * prev * (1.0 - decay)
+
+
 def core_units(order: np.ndarray, score: np.ndarray, bar: np.ndarray) -> np.ndarray:
     """The hot units whose pattern the phase detector follows (``phase_core``): those of
     ``order`` at the exchange bar, however many the capacity holds. Warm units filling the
@@ -102,7 +115,7 @@ class PhaseWatch:
     def looks_between_reads(self) -> bool:
         return self.config.look_between_reads
 
-    def _rate_phase_change(self, keys_of, decay, rate, known, fast, npages, cap):
+    def _rate_phase_change(self, keys_of, decay, rate, known, fast, npages, cap, heat=None):
         """Whether this interval's rates alone show a new hot set (a phase change seen now,
         before decayed heat catches up): a regular history, a set of units accessed now about
         as large as the last hot set, and little overlap with it. ``keys_of(idx)``: the units'
@@ -133,6 +146,8 @@ class PhaseWatch:
         # on top, and acting on it as a phase change would trade noise units for noise units
         if self._mostly_on(akeys, rate[acc], prev, self._prev_set, on_keys=kept):
             return no("mass")
+        if self._staying(keys_of, known, rate, heat, npages, decay, prev):
+            return no("staying")
         order, now_ref, _ = hot_order(rate / (1.0 - decay), acc, fast, c)
         now_set = fill_budget(order, npages, cap)
         if not self._like_last(now_ref, int(npages[now_set].sum())):
@@ -141,6 +156,21 @@ class PhaseWatch:
         if jaccard_sorted(keys, prev) >= c.phase_jaccard:
             return no("overlap")
         return True
+
+    def _staying(self, keys_of, known, rate, heat, npages, decay, prev) -> bool:
+        """Whether ``phase_stay`` of the last hot set's pages (sorted keys ``prev``) are in
+        units still at their rate (not :func:`leaving`): the new units came on top of that set,
+        and the read is no phase change (bench sim torch-mlp: a pass over the data set, a few
+        reads long, took the place of the parameters, which were read all along)."""
+        stay = self.config.phase_stay
+        if stay <= 0 or heat is None or decay <= 0:
+            return False
+        allk = np.flatnonzero(known)
+        mine = allk[member_sorted(keys_of(allk), prev)]
+        if not len(mine):
+            return False
+        held = ~leaving(rate[mine], heat[mine], decay)
+        return int(npages[mine[held]].sum()) >= stay * int(npages[mine].sum())
 
     def _irregular(self, akeys: np.ndarray, arate: np.ndarray) -> bool:
         """Whether the history rules out a phase change by a read's rates (accessed units' keys
