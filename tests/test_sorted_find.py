@@ -203,3 +203,35 @@ def test_insert_shift_scale_fast_and_union_remap(compiled, monkeypatch):
         res[lib is None] = hot_order(sc, np.flatnonzero(sc > 0), fa, c, 10.0)
     np.testing.assert_array_equal(res[False][0], res[True][0])
     assert res[False][1:] == res[True][1:]
+
+
+def test_radix_sort_is_numpys_sort(compiled, monkeypatch):
+    """sorted_find.sort, with and without the library: np.sort of uint64 keys (random, the
+    ranking's float keys whose high bytes all agree, duplicates, the extremes) and of float32
+    rates (with -0.0, negatives, NaN and inf, which go to numpy), and of other dtypes; and the
+    sparse evidence's sorted rates."""
+    from pagetier.policies.rules.sparse import sorted_rates
+
+    rng = np.random.default_rng(23)
+    heat = rng.exponential(10.0, 40_000)
+    keys = (~heat.view(np.uint64) & ~np.uint64(0xFFFF)) | np.arange(40_000, dtype=np.uint64)
+    rates = rng.exponential(3.0, 54_000).astype(np.float32)
+    xs = [rng.integers(0, 2**64 - 1, 30_000, dtype=np.uint64), keys,
+          rng.integers(0, 7, 5000).astype(np.uint64), np.full(2000, 2**64 - 1, np.uint64),
+          np.r_[np.arange(3000, dtype=np.uint64), [0, 2**63, 2**64 - 1]][::-1].copy(),
+          rng.integers(0, 9, sorted_find.SORT_MIN).astype(np.uint64), np.zeros(0, np.uint64),
+          np.arange(5, dtype=np.uint64), rates, np.r_[rates[:3000], [0.0, np.inf]],
+          np.r_[rates[:3000], [-0.0]].astype(np.float32),
+          np.r_[rates[:3000], [-1.0]].astype(np.float32),
+          np.r_[rates[:3000], [np.nan]].astype(np.float32),
+          rng.random(5000), rng.integers(-5, 5, 5000), rates[::2]]
+    for lib in (compiled, None):
+        monkeypatch.setattr(sorted_find, "_LIB", lib)
+        for x in xs:
+            before = x.copy()
+            got = sorted_find.sort(x)
+            assert got.dtype == x.dtype
+            np.testing.assert_array_equal(got, np.sort(x))
+            np.testing.assert_array_equal(x, before)  # a copy: the argument is left alone
+        r = rates.astype(np.float64)
+        np.testing.assert_array_equal(sorted_rates(r), np.sort(r))

@@ -12,7 +12,8 @@ membership or its count (the rules' memberships and overlaps), without the posit
 
 A few one-pass helpers of the decision live here too, each numpy's result: the ranking sort's
 keys made and read back (``rank_keys``, ``rank_order``; numpy sorts them), the tie-break to
-fast units (``scale_fast``), and a column merged after a union (``spread``, ``insert_shift``).
+fast units (``scale_fast``), a column merged after a union (``spread``, ``insert_shift``), and
+the decision's sorts of keys and rates (``sort``: a radix sort, numpy's order).
 
 The library (native/sorted_find.c, loaded with ctypes) is built by the build: in a checkout by
 scripts/setup.sh into build/native, in an installed package by setup.py's build step into
@@ -74,6 +75,12 @@ class _Lib:
         self.rank_order = lib.rank_order
         self.rank_order.argtypes = [_P, _N, ctypes.c_int, _P, _P]
         self.rank_order.restype = _N
+        self.sort_u64 = lib.sort_u64
+        self.sort_u64.argtypes = [_P, _N, _P]
+        self.sort_u64.restype = None
+        self.sort_f32 = lib.sort_f32
+        self.sort_f32.argtypes = [_P, _N, _P]
+        self.sort_f32.restype = ctypes.c_int
 
 
 def load(path: Path = LIB_PATH) -> _Lib | None:
@@ -210,6 +217,30 @@ def rank_order(key: np.ndarray, b: int, x: np.ndarray) -> tuple[np.ndarray, int]
     order = np.empty(len(key), np.int64)
     bad = _LIB.rank_order(key.ctypes.data, len(key), b, x.ctypes.data, order.ctypes.data)
     return order, int(bad)
+
+
+# under this many elements numpy's sort is as fast
+SORT_MIN = 1024
+
+
+def sort(a: np.ndarray) -> np.ndarray:
+    """``np.sort(a)``: by a radix sort in compiled code for 1-d uint64 arrays and float32 arrays
+    of non-negative values (the ranking's keys, a read's rates) of ``SORT_MIN`` elements or
+    more, by numpy otherwise. The result is the same array either way: equal keys are
+    indistinguishable, and so are equal non-negative floats (NaN and a sign bit go to numpy)."""
+    if _LIB is None or a.ndim != 1 or len(a) < SORT_MIN or a.dtype not in _RADIX:
+        return np.sort(a)
+    out = np.array(a, order="C")  # a copy
+    tmp = np.empty_like(out)
+    if a.dtype == np.float32:
+        if _LIB.sort_f32(out.ctypes.data, len(out), tmp.ctypes.data):
+            return np.sort(a)
+        return out
+    _LIB.sort_u64(out.ctypes.data, len(out), tmp.ctypes.data)
+    return out
+
+
+_RADIX = (np.dtype(np.uint64), np.dtype(np.float32))
 
 
 def union(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:

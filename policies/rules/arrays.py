@@ -62,14 +62,15 @@ def argsort_desc(x: np.ndarray) -> np.ndarray:
     argsort) orders by value, then index. Values that differ only in the bits replaced (within
     2**b units in the last place, for b index bits) tie in the key: their runs are put in exact
     order afterwards (rare: only near-equal values). With the compiled helpers the keys are
-    made and read back in one pass each (pagetier/core/sorted_find.py), numpy sorting them."""
+    made and read back in one pass each, and sorted by a radix sort
+    (pagetier/core/sorted_find.py)."""
     n = len(x)
     b = max(1, (n - 1).bit_length())
     if n >= 2 and b <= 32 and sorted_find.native():
         xa = np.ascontiguousarray(x, np.float64)
         key = sorted_find.rank_keys(xa, b)
         if key is not None:
-            key.sort()
+            key = sorted_find.sort(key)
             order, bad = sorted_find.rank_order(key, b, xa)
             if not bad:
                 return order
