@@ -92,7 +92,7 @@ class Executor:
         if not len(idx):
             return True
         pids = st.pid_of(idx)
-        chunks = [(pid, chunk) for pid in unique(pids).tolist()
+        chunks = [(pid, *chunk) for pid in unique(pids).tolist()
                   for chunk in self._chunks(idx[pids == pid])]
         ok = True
         t0, before = self.clock.monotonic(), acc["moved_pages"]
@@ -100,18 +100,18 @@ class Executor:
         # bookkeeping costs per call, and a chunk of region units is only 4 of them)
         done: dict[int, list] = {}
         try:
-            for k, (pid, chunk) in enumerate(chunks):
+            for k, (pid, *chunk) in enumerate(chunks):
                 if pid in gone_pids:
                     continue
                 if k and deadline is not None and self.clock.monotonic() >= deadline:
-                    acc["deferred"] += sum(int(st.npages[c].sum(dtype=np.int64))
-                                           for p, c in chunks[k:] if p not in gone_pids)
+                    acc["deferred"] += sum(int(st.npages[c[1]].sum(dtype=np.int64))
+                                           for c in chunks[k:] if c[0] not in gone_pids)
                     break
-                res = self._move_chunk(int(pid), chunk, node, acc, done.setdefault(int(pid), []))
+                res = self._move_chunk(int(pid), *chunk, node, acc, done.setdefault(int(pid), []))
                 if res == "gone":
                     gone_pids.add(pid)
                 elif res == "skip":  # skipped this interval: the pid's other chunks too
-                    chunks[k + 1:] = [(p, c) for p, c in chunks[k + 1:] if p != pid]
+                    chunks[k + 1:] = [c for c in chunks[k + 1:] if c[0] != pid]
                 elif res == "full":
                     self.node_full(node, True)
                     ok = False
@@ -123,13 +123,21 @@ class Executor:
         self.measure(acc["moved_pages"] - before, self.clock.monotonic() - t0)
         return ok
 
-    def _chunks(self, sel: np.ndarray) -> list[np.ndarray]:
-        """``sel`` cut into runs of about CHUNK_PAGES pages: a run ends with the unit that
-        reaches the next multiple of CHUNK_PAGES."""
-        cum = np.cumsum(self.state.npages[sel].astype(np.int64))
+    def _chunks(self, sel: np.ndarray) -> list[tuple]:
+        """``sel`` cut into runs of about CHUNK_PAGES pages, each as (its units, which are
+        regions, their addresses, whether any is a region): a run ends with the unit that
+        reaches the next multiple of CHUNK_PAGES. The columns are read once for every run (a
+        run of region units is only 4 of them)."""
+        st = self.state
+        cum = np.cumsum(st.npages[sel].astype(np.int64))
         cuts = np.flatnonzero(np.diff(cum // CHUNK_PAGES, prepend=0) > 0)
         # a unit whose pages cross a multiple of CHUNK_PAGES closes its chunk
-        return [c for c in np.split(sel, cuts + 1) if len(c)]
+        bounds = [0] + [b for b in (cuts + 1).tolist() if b < len(sel)] + [len(sel)]
+        region, addrs = st.is_region(sel), st.addresses(sel)
+        # whether a run holds a region: the regions counted up to each bound
+        nreg = np.concatenate([[0], np.cumsum(region, dtype=np.int64)])[bounds].tolist()
+        return [(sel[a:b], region[a:b], addrs[a:b], nreg[i + 1] > nreg[i])
+                for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a]
 
     # the outcomes of a move, as codes per unit (see _record)
     _OUTCOMES = ("moved", "busy", "failed", "nomem", "gone")
@@ -188,15 +196,12 @@ class Executor:
             rec["to"][node] = rec["to"].get(node, 0) + n
             rec["ping_pongs"] += int(back[mine].sum())
 
-    def _move_chunk(self, pid: int, sel: np.ndarray, node: int, acc: dict,
-                    done: list) -> str | None:
-        """One move_pages call's worth; "gone" (the target exited), "skip" (not this
+    def _move_chunk(self, pid: int, sel: np.ndarray, region: np.ndarray, addrs: np.ndarray,
+                    regions: bool, node: int, acc: dict, done: list) -> str | None:
+        """One move_pages call's worth: units ``sel`` at ``addrs``, ``region`` which of them
+        are regions (``regions``: any). "gone" (the target exited), "skip" (not this
         interval), "full" (ENOMEM) or None. Its units' outcomes are appended to ``done`` for
         :meth:`_record`."""
-        st = self.state
-        region = st.is_region(sel)
-        regions = bool(region.any())
-        addrs = st.addresses(sel)
         prepare = getattr(self.profiler, "prepare_move", None)
         if prepare is not None:  # e.g. kmod fault mode: marked pages made movable
             prepare(pid, mover_mod.page_addresses(addrs, region)[0] if regions else addrs)
