@@ -123,7 +123,8 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         if cool_idx is not None:
             known, fast = u.node >= 0, u.node == ctx.fast_node
         must, max_moves = cap.must(used), max(0, int(ctx.max_moves))
-        fast_idx = self._fast_units(view, u, hot, fast, must, max_moves, seen_now, ctx.fast_node)
+        fast_idx, pool = self._fast_units(view, u, hot, fast, must, max_moves, seen_now,
+                                          ctx.fast_node)
         known, fast = u.node >= 0, u.node == ctx.fast_node
         score = rate_score(u, decay) if seen_now else u.heat
         per = u.npages if c.per_page else np.ones(len(u), np.int64)
@@ -187,8 +188,10 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             # promoted pages under the exchange bar: warm units filling free room
             "warm_promote_pages": int(u.npages[p[score[p] < f.bar[p]]].sum()),
             "young_read": bool(young_test), "thrash": round(self._thrash, 4),
-            "candidates": int(len(u)) + (0 if cool_idx is None else int(np.count_nonzero(
-                ~member_sorted(cool_idx, u.idx)))),  # the cool ones left out counted too
+            # every candidate and the victim pool's units among none of them: the units
+            # looked at, the cool ones left out counted too
+            "candidates": int(len(everyone)) + int(np.count_nonzero(
+                ~member_sorted(pool, everyone.idx))),
         }
         # a new hot set seen in part (its units' rates not all estimated yet): read again soon
         return Decision(promote=u.idx[p].astype(np.int64), demote=u.idx[d].astype(np.int64),
@@ -249,21 +252,23 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         return u, hot, cool_idx
 
     def _fast_units(self, view: PageView, u: Units, hot: HotSet, fast, must: int,
-                    max_moves: int, seen_now: bool, node: int) -> np.ndarray:
-        """The fast units an exchange may demote (positions in ``u``). Read by candidates,
-        the state's coldest fast units join ``u`` (and ``hot`` follows its units' new
-        positions): enough of them that the exchanges never reach past them."""
+                    max_moves: int, seen_now: bool, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """(the fast units an exchange may demote, as positions in ``u``; the victim pool, as
+        sorted state indices). Read by candidates, the state's coldest fast units (the pool)
+        join ``u`` (and ``hot`` follows its units' new positions): enough of them that the
+        exchanges never reach past them. Read whole, there is no pool (empty)."""
         if not view.incremental:
-            return np.flatnonzero(fast)
+            return np.flatnonzero(fast), u.idx[:0]
         promo_pages = int(u.npages[hot.desired][~fast[hot.desired]].sum())
         need = min(max_moves, must + promo_pages) + 1
         pool, complete = victim_pool(view, node, need, u.idx[hot.by_index], seen_now,
                                      view.interval, self.config)
+        pool_sorted = np.sort(pool)  # the pool comes coldest first
         if len(pool):
-            hot.remap(u.extend(np.sort(pool)))  # the pool comes coldest first
+            hot.remap(u.extend(pool_sorted))
         if complete:  # the pool is every unit on the node, the cool ones among them
-            return np.flatnonzero(u.node == node)
-        return np.searchsorted(u.idx, pool)
+            return np.flatnonzero(u.node == node), pool_sorted
+        return np.searchsorted(u.idx, pool), pool_sorted
 
     def _frame(self, view, u, hot, score, fast, fast_idx, per, used, must, cap, seen_now):
         """(what the plans are made from, whether this read is young or the one after it)."""
