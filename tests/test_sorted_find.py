@@ -235,3 +235,43 @@ def test_radix_sort_is_numpys_sort(compiled, monkeypatch):
             np.testing.assert_array_equal(x, before)  # a copy: the argument is left alone
         r = rates.astype(np.float64)
         np.testing.assert_array_equal(sorted_rates(r), np.sort(r))
+
+
+def test_compress_is_the_masked_copy(compiled, monkeypatch):
+    """Several columns cut by one mask (the decision's units without the cool ones): numpy's
+    ``c[keep]`` for each dtype, empty and full masks; and Units.subset with and without the
+    library."""
+    from pagetier.policies.rules.view import Units
+
+    monkeypatch.setattr(sorted_find, "_LIB", compiled)
+    rng = np.random.default_rng(29)
+    for n, share in ((0, 0.5), (1, 1.0), (1, 0.0), (1000, 0.0), (1000, 1.0), (57_000, 0.55),
+                     (5000, 0.01)):
+        keep = rng.random(n) < share
+        cols = [rng.integers(0, 1 << 40, n), rng.random(n), rng.random(n).astype(np.float32),
+                rng.integers(-3, 3, n).astype(np.int8), rng.integers(0, 512, n).astype(np.uint16),
+                rng.integers(0, 2**63, n).astype(np.uint64), rng.random(n) < 0.5,
+                rng.integers(0, 9, n)[::-1]]  # a reversed view
+        got = sorted_find.compress(keep, *cols)
+        for g, c in zip(got, cols):
+            assert g.dtype == c.dtype
+            np.testing.assert_array_equal(g, c[keep])
+    assert sorted_find.compress(np.ones(3, bool), np.zeros((3, 2))) is None
+    assert sorted_find.compress(np.ones(3, np.int8), np.zeros(3)) is None
+    n = 20_000
+    keep = rng.random(n) < 0.5
+    for rate in (rng.random(n), None):
+        u = Units(None, np.arange(n) * 3, rng.random(n), rate, rng.integers(-1, 2, n).astype(
+            np.int8), rng.integers(1, 513, n), rng.integers(0, 50, n),
+            _keys=np.arange(n, dtype=np.uint64) * 7)
+        subs = {}
+        for lib in (compiled, None):
+            monkeypatch.setattr(sorted_find, "_LIB", lib)
+            subs[lib is None] = u.subset(keep)
+        for name in ("idx", "heat", "rate", "node", "npages", "last_move", "_keys"):
+            a, b = getattr(subs[False], name), getattr(subs[True], name)
+            if a is None or b is None:
+                assert a is None and b is None
+                continue
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)

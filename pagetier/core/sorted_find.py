@@ -12,8 +12,9 @@ membership or its count (the rules' memberships and overlaps), without the posit
 
 A few one-pass helpers of the decision live here too, each numpy's result: the ranking sort's
 keys made and read back (``rank_keys``, ``rank_order``; numpy sorts them), the tie-break to
-fast units (``scale_fast``), a column merged after a union (``spread``, ``insert_shift``), and
-the decision's sorts of keys and rates (``sort``: a radix sort, numpy's order).
+fast units (``scale_fast``), a column merged after a union (``spread``, ``insert_shift``),
+several columns cut by one mask (``compress``), and the decision's sorts of keys and rates
+(``sort``: a radix sort, numpy's order).
 
 The library (native/sorted_find.c, loaded with ctypes) is built by the build: in a checkout by
 scripts/setup.sh into build/native, in an installed package by setup.py's build step into
@@ -81,6 +82,9 @@ class _Lib:
         self.sort_f32 = lib.sort_f32
         self.sort_f32.argtypes = [_P, _N, _P]
         self.sort_f32.restype = ctypes.c_int
+        self.compress = lib.compress
+        self.compress.argtypes = [_P, _N, _N, _P, _P, _P]
+        self.compress.restype = _N
 
 
 def load(path: Path = LIB_PATH) -> _Lib | None:
@@ -241,6 +245,25 @@ def sort(a: np.ndarray) -> np.ndarray:
 
 
 _RADIX = (np.dtype(np.uint64), np.dtype(np.float32))
+
+
+def compress(keep: np.ndarray, *cols: np.ndarray) -> list[np.ndarray] | None:
+    """``[c[keep] for c in cols]`` in one compiled pass over the mask, for a boolean ``keep``
+    and 1-d columns of its length; None without the library (or for other shapes)."""
+    if (_LIB is None or keep.dtype != np.bool_ or keep.ndim != 1
+            or any(c.ndim != 1 or len(c) != len(keep) or c.dtype.hasobject for c in cols)):
+        return None
+    if any(c.dtype.itemsize not in (1, 2, 4, 8) for c in cols):
+        return None
+    keep = np.ascontiguousarray(keep)
+    cols = [np.ascontiguousarray(c) for c in cols]
+    m = int(np.count_nonzero(keep))
+    outs = [np.empty(m + 1, c.dtype) for c in cols]  # room for the last element's write
+    ptr = ctypes.c_void_p * len(cols)
+    sizes = np.array([c.dtype.itemsize for c in cols], np.int64)
+    _LIB.compress(keep.ctypes.data, len(keep), len(cols), ptr(*[c.ctypes.data for c in cols]),
+                  ptr(*[o.ctypes.data for o in outs]), sizes.ctypes.data)
+    return [o[:m] for o in outs]
 
 
 def union(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:

@@ -82,11 +82,16 @@ class Units:
         return self._keys[pick]
 
     def subset(self, keep: np.ndarray) -> "Units":
-        """The units of mask ``keep``, as a set of their own."""
-        return Units(self.view, self.idx[keep], self.heat[keep],
-                     None if self.rate is None else self.rate[keep], self.node[keep],
-                     self.npages[keep], self.last_move[keep],
-                     None if self._keys is None else self._keys[keep])
+        """The units of mask ``keep``, as a set of their own (every column cut in one
+        compiled pass when the helpers are built)."""
+        cols = [self.idx, self.heat, self.rate, self.node, self.npages, self.last_move,
+                self._keys]
+        have = [c for c in cols if c is not None]
+        got = sorted_find.compress(keep, *have)
+        if got is None:
+            got = [c[keep] for c in have]
+        it = iter(got)
+        return Units(self.view, *[None if c is None else next(it) for c in cols])
 
     def extend(self, more: np.ndarray) -> np.ndarray:
         """Add state units ``more`` (sorted) to the set; returns where each old position went."""

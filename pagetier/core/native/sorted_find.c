@@ -335,3 +335,40 @@ int sort_f32(float *a, int64_t n, uint32_t *tmp)
 		memcpy(a, src, (size_t)n * sizeof *a);
 	return 0;
 }
+
+/* compress(keep, n, k, cols, outs, sizes): for each of k columns of n elements (cols[j], of
+ * sizes[j] bytes an element: 1, 2, 4 or 8), outs[j] gets the elements where keep is set, in
+ * order: numpy's col[keep] for every column. Without a branch an element: each is written at
+ * the next place and the place advances when it is kept, so outs[j] needs room for one more
+ * element than are kept. Returns how many are kept, or -1 for another size (nothing done). */
+#define COMPRESS_COL(type)                                                                 \
+	do {                                                                               \
+		const type *c = (const type *)cols[j];                                     \
+		type *o = (type *)outs[j];                                                 \
+		m = 0;                                                                     \
+		for (int64_t i = 0; i < n; i++) {                                          \
+			o[m] = c[i];                                                       \
+			m += keep[i] != 0;                                                 \
+		}                                                                          \
+	} while (0)
+
+int64_t compress(const uint8_t *keep, int64_t n, int64_t k, char *const *cols, char *const *outs,
+		 const int64_t *sizes)
+{
+	int64_t m = 0;
+	for (int64_t j = 0; j < k; j++)
+		if (sizes[j] != 1 && sizes[j] != 2 && sizes[j] != 4 && sizes[j] != 8)
+			return -1;
+	if (!k)
+		for (int64_t i = 0; i < n; i++)
+			m += keep[i] != 0;
+	for (int64_t j = 0; j < k; j++) {
+		switch (sizes[j]) {
+		case 1: COMPRESS_COL(uint8_t); break;
+		case 2: COMPRESS_COL(uint16_t); break;
+		case 4: COMPRESS_COL(uint32_t); break;
+		default: COMPRESS_COL(uint64_t); break;
+		}
+	}
+	return m;
+}
