@@ -37,6 +37,7 @@ from collections import deque
 
 import numpy as np
 
+from pagetier.core.sorted_find import masked
 from pagetier.policies.base import Context, Decision, Policy, register
 from pagetier.policies.rules.arrays import argsort_desc as _argsort_desc  # noqa: F401
 from pagetier.policies.rules.arrays import jaccard_sorted as _jaccard_sorted  # noqa: F401
@@ -241,10 +242,10 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             keep, left = cool.split(score, known, under)
             if left.n:
                 part = u.subset(keep)
-                hot = hot_set(part.heat, known[keep], fast[keep], part.npages, cap.low, c, rest,
-                              left)
+                p_known, p_fast = masked(known, keep), masked(fast, keep)
+                hot = hot_set(part.heat, p_known, p_fast, part.npages, cap.low, c, rest, left)
                 if hot is not None:
-                    u, cool_idx = part, u.idx[~keep]
+                    u, cool_idx = part, masked(u.idx, ~keep)
         if hot is None:
             hot = hot_set(score, known, fast, u.npages, cap.low, c,
                           rest * 1e-6 if seen_now else rest)

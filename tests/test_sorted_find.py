@@ -275,3 +275,19 @@ def test_compress_is_the_masked_copy(compiled, monkeypatch):
                 continue
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(a, b)
+
+
+def test_masked_is_boolean_indexing(compiled, monkeypatch):
+    """sorted_find.masked, with and without the library, under and over MASK_MIN, at any
+    share kept: ``x[keep]``."""
+    rng = np.random.default_rng(31)
+    for lib in (compiled, None):
+        monkeypatch.setattr(sorted_find, "_LIB", lib)
+        for n in (0, 10, sorted_find.MASK_MIN - 1, sorted_find.MASK_MIN, 86_000):
+            for share in (0.0, 0.01, 0.5, 0.99, 1.0):
+                keep = rng.random(n) < share
+                for x in (rng.random(n), rng.integers(0, 99, n), rng.random(n) < 0.3,
+                          rng.integers(0, 2**63, n).astype(np.uint64)):
+                    got = sorted_find.masked(x, keep)
+                    assert got.dtype == x.dtype
+                    np.testing.assert_array_equal(got, x[keep])

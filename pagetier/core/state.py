@@ -909,8 +909,9 @@ class PageState:
         if not len(acc):
             return
         if joined is not None and joined.any():
-            self._out -= float(before[joined].sum(dtype=np.float64))
-            self._cand = union(self._cand, acc[joined])
+            b_joined, a_joined = sorted_find.masked(before, joined), sorted_find.masked(acc, joined)
+            self._out -= float(b_joined.sum(dtype=np.float64))
+            self._cand = union(self._cand, a_joined)
         if self._pools:
             self._pool_changed(acc)
         self._touched = union(self._touched, acc)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagetier.core import sorted_find
 from pagetier.policies.rules.noise import Cool
 
 # the share of the last noise floor under which a unit is left out: a margin for a floor that
@@ -42,5 +43,5 @@ def split(score: np.ndarray, known: np.ndarray, under: float) -> tuple[np.ndarra
     """(which units stay in: all but the ranked ones, on a known node with a positive score,
     scoring under ``under``; the units left out, as the ranking is told them)."""
     cool = known & (score > 0) & (score < under)
-    heat = score[cool]
+    heat = sorted_find.masked(score, cool)
     return ~cool, Cool(n=len(heat), heat=float(heat.sum()), below=float(under))

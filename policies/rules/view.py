@@ -79,7 +79,7 @@ class Units:
             self._keys = self.view.keys(self.idx)
         pick = np.zeros(len(self.idx), bool)
         pick[local] = True
-        return self._keys[pick]
+        return sorted_find.masked(self._keys, pick)
 
     def subset(self, keep: np.ndarray) -> "Units":
         """The units of mask ``keep``, as a set of their own (every column cut in one
@@ -145,7 +145,7 @@ class PageView:
             return np.arange(len(st)), 0.0
         cand, rest = st.hotter_than(self.min_heat)
         touched = st.touched()
-        return union(cand, touched[~st.in_candidates(touched)]), rest
+        return union(cand, sorted_find.masked(touched, ~st.in_candidates(touched))), rest
 
     def columns(self, idx: np.ndarray | None = None) -> tuple:
         """(heat, rate, node, npages, last_move) of units ``idx`` (all units when None), heat
