@@ -224,6 +224,30 @@ def test_coldest_stays_exact_when_the_pool_key_unit_is_forgotten(monkeypatch):
         assert list(got) == list(brute_coldest(st, FAST)[:len(got)]) and len(got) >= k, k
 
 
+def test_kth_smallest_is_the_partition():
+    """The pool's selection (state_mod.kth_smallest): np.partition's k-th value with no zeros,
+    few, most or only zeros, ties, negatives and NaN; and a pool built from a node whose units
+    are mostly without heat is the node's coldest, as brute force orders them."""
+    rng = np.random.default_rng(37)
+    for n in (1, 2, 17, 5000):
+        for zeros in (0.0, 0.3, 0.95, 1.0):
+            h = np.where(rng.random(n) < zeros, 0.0, rng.integers(1, 9, n) / 4.0)
+            for extra in (None, -1.0, np.nan):
+                x = h.copy()
+                if extra is not None:
+                    x[rng.integers(0, n)] = extra
+                for k in sorted({0, n // 2, n - 1}):
+                    got, want = state_mod.kth_smallest(x, k), np.partition(x, k)[k]
+                    assert (got == want or (np.isnan(got) and np.isnan(want))), (n, zeros, k)
+    st = PageState()
+    st.begin_interval()
+    n = 3 * state_mod.POOL_MIN
+    st.update(sample(np.arange(n, dtype=np.uint64) * 4096, np.where(np.arange(n) % 7, 0, 3),
+                     [FAST] * n, complete=True))
+    got, _ = st.coldest(FAST, 10)
+    assert list(got) == list(brute_coldest(st, FAST)[:len(got)]) and len(got) >= 10
+
+
 @pytest.mark.parametrize("estimates", [True, False])
 @pytest.mark.parametrize("seed", range(3))
 def test_merge_shortcuts_equal_the_plain_lookup(seed, estimates):

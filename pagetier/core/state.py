@@ -181,6 +181,21 @@ def _rate_count(a: np.ndarray) -> np.ndarray | None:
     return np.ndarray((len(a),), np.uint64, buffer=a, offset=off, strides=(DTYPE.itemsize,))
 
 
+def kth_smallest(h: np.ndarray, k: int):
+    """``np.partition(h, k)[k]`` for a 1-d ``h``. numpy's selection slows down on many equal
+    values: the coldness of a large node's units is mostly 0.0 (188,000 of 210,000 at 1 TiB
+    in region units: 35 ms for the selection, 2 for a sort). Without negative values the
+    zeros are counted and the selection runs on the others."""
+    zeros = h == 0
+    nz = int(np.count_nonzero(zeros))
+    if not nz or bool((h < 0).any()):
+        return np.partition(h, k)[k]
+    if nz > k:
+        return h[np.argmax(zeros)]  # a zero of h's own (0.0 or -0.0)
+    rest = sorted_find.masked(h, ~zeros)
+    return np.partition(rest, k - nz)[k - nz]
+
+
 def _prefix(order: np.ndarray, n: int, whole: bool) -> tuple[np.ndarray, bool]:
     """The first ``max(n, 1)`` of ``order`` (a pool kept larger than asked: handing all of it
     out would make the caller gather it every interval), or all of it; whether that is all of
@@ -491,7 +506,7 @@ class PageState:
         if k >= len(on):
             sel, th, ti = on, np.inf, 0
         else:
-            v = np.partition(h, k)[k]
+            v = kth_smallest(h, k)
             below = on[h < v]
             eq = on[h == v]
             take = k - len(below)
