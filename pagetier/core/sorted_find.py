@@ -232,7 +232,8 @@ def sort(a: np.ndarray) -> np.ndarray:
     of non-negative values (the ranking's keys, a read's rates) of ``SORT_MIN`` elements or
     more, by numpy otherwise. The result is the same array either way: equal keys are
     indistinguishable, and so are equal non-negative floats (NaN and a sign bit go to numpy)."""
-    if _LIB is None or a.ndim != 1 or len(a) < SORT_MIN or a.dtype not in _RADIX:
+    if (_LIB is None or a.ndim != 1 or not SORT_MIN <= len(a) < 1 << 31
+            or a.dtype not in _RADIX):
         return np.sort(a)
     out = np.array(a, order="C")  # a copy
     tmp = np.empty_like(out)
