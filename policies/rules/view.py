@@ -2,7 +2,7 @@
 
 The rules never reach into a PageState; they ask a :class:`PageView`, one method per thing
 they need. A state that keeps candidates (pagetier/core/state.py: ``hotter_than``,
-``in_candidates``, ``touched``, ``coldest``, ``rows``, ``keys``) is read through them: the
+``touched``, ``coldest``, ``rows``, ``keys``) is read through them: the
 decision then looks at the units with heat at least ``min_heat`` and those accessed in this
 interval, plus the fast node's coldest units that an exchange may demote. Any other object
 with the state's columns (``heat``, ``rate``, ``node``, ``npages``, ``last_move``, ``target``,
@@ -14,7 +14,7 @@ What of PageState this module touches (and nothing else in the policy does):
   structured array ``a`` (only ``a.dtype.names``, to see whether there is a ``rate`` column);
 - columns: ``heat``, ``rate``, ``node``, ``npages``, ``last_move``, and ``target``/``addr``
   when the state has no ``keys``;
-- methods: ``hotter_than``, ``in_candidates``, ``touched``, ``coldest``, ``rows`` (whole rows
+- methods: ``hotter_than``, ``touched``, ``coldest``, ``rows`` (whole rows
   of some units, read by the field names above), ``columns`` when it has it (the same fields
   of some units, widened as :meth:`PageView.columns` returns them), ``keys``, ``pages_on``,
   ``stuck``, ``len()``;
@@ -31,7 +31,7 @@ from pagetier.core import sorted_find, state as core_state
 from pagetier.core.state import NEVER, union, union_remap  # noqa: F401 (NEVER: for the rules)
 
 # what a state must offer to be read by candidates rather than whole
-CANDIDATE_API = ("hotter_than", "in_candidates", "touched", "coldest", "rows", "keys")
+CANDIDATE_API = ("hotter_than", "touched", "coldest", "rows", "keys")
 COLUMNS = ("heat", "rate", "node", "npages", "last_move")
 
 
@@ -144,8 +144,9 @@ class PageView:
         if not self.incremental:
             return np.arange(len(st)), 0.0
         cand, rest = st.hotter_than(self.min_heat)
-        touched = st.touched()
-        return union(cand, sorted_find.masked(touched, ~st.in_candidates(touched))), rest
+        # one merge of the two sorted sets (the touched units among the candidates are found
+        # by it, not by a look at each one's row)
+        return union(cand, st.touched()), rest
 
     def columns(self, idx: np.ndarray | None = None) -> tuple:
         """(heat, rate, node, npages, last_move) of units ``idx`` (all units when None), heat
