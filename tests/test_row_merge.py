@@ -91,6 +91,34 @@ def test_state_the_same_with_and_without_the_library(compiled, monkeypatch, seed
         np.testing.assert_array_equal(ta, tb)
 
 
+@pytest.mark.parametrize("seed,decay,floors", [(1, 0.5, [1.0]), (4, 0.9, [3.0, 0.25])])
+def test_lookup_and_accesses_in_one_pass_as_in_two(compiled, monkeypatch, seed, decay, floors):
+    """The merge's lookup with the unchanged units' accesses in the same pass
+    (row_merge.lookup_add; the changed units take their node, then their accesses) leaves the
+    state as the two passes do (lookup_rows, then add_accesses), reads with changed nodes,
+    sizes and regions among them."""
+    calls = {"fused": 0, "changed": 0}
+    fused = row_merge.lookup_add
+
+    def counted(*args):
+        got = fused(*args)
+        if got is not None:
+            calls["fused"] += 1
+            calls["changed"] += int(got[2].any())
+        return got
+
+    monkeypatch.setattr(row_merge, "lookup_add", counted)
+    a, seen_a = run(compiled, monkeypatch, seed, decay, floors)
+    monkeypatch.setattr(row_merge, "lookup_add", lambda *args: None)
+    b, seen_b = run(compiled, monkeypatch, seed, decay, floors)
+    assert calls["fused"] > 10 and calls["changed"] > 5
+    assert a.a.tobytes() == b.a.tobytes() and a._out == b._out
+    for (ca, ra, ta), (cb, rb, tb) in zip(seen_a, seen_b):
+        np.testing.assert_array_equal(ca, cb)
+        assert ra == rb
+        np.testing.assert_array_equal(ta, tb)
+
+
 def test_library_used_on_a_sorted_read_and_declines_an_unsorted_one(compiled, monkeypatch):
     monkeypatch.setattr(row_merge, "_LIB", compiled)
     st = PageState()

@@ -11,7 +11,7 @@ of its use so that the cache misses overlap:
   pagetier.core.sorted_find), and whether a found unit's node, size or region flag differ from
   the read's;
 - :func:`add_accesses`: the accessed units' count, rate, heat and last access, and which of
-  them join the candidate set;
+  them join the candidate set; :func:`lookup_add`: both in one pass over the rows;
 - :func:`prune`: the candidates whose heat decayed below the floor leave the set;
 - :func:`clear_rates`: the rates and counts of the last interval's units cleared;
   :func:`count_rated`: how many of the touched ones have a rate; :func:`has_flag`: which of
@@ -52,6 +52,11 @@ class _Lib:
         self.add_accesses.argtypes = [_P, _N, _P, _P, _N, _P, _P, ctypes.c_float,
                                       ctypes.c_int32, ctypes.c_int32, _P, _P, _P]
         self.add_accesses.restype = _N
+        self.lookup_add = lib.lookup_add
+        self.lookup_add.argtypes = [_P, _N, _P, _N, _P, _N, _P, _P, _P, _P, _P, _P,
+                                    ctypes.c_float, ctypes.c_int32, ctypes.c_int32, _P, _P, _P,
+                                    _P, _P, _P, _P]
+        self.lookup_add.restype = _N
         self.prune = lib.prune
         self.prune.argtypes = [_P, _N, _P, _P, _N, ctypes.c_float, ctypes.c_float, _P]
         self.prune.restype = _N
@@ -138,6 +143,44 @@ def lookup_rows(keys: np.ndarray, x: np.ndarray, a: np.ndarray, node: np.ndarray
     if k < 0:
         return None
     return pos, found, changed
+
+
+def lookup_add(keys: np.ndarray, x: np.ndarray, a: np.ndarray, node: np.ndarray,
+               npages: np.ndarray, region: np.ndarray | None, count: np.ndarray,
+               rate: np.ndarray, scale: np.float32, interval: int, cand: bool):
+    """:func:`lookup_rows` and, in the same pass over the rows, :func:`add_accesses` of the
+    found units that did not change (``count``, ``rate``: the read's, for each of ``x``):
+    (pos, found, changed, then add_accesses' result for those units). The changed units'
+    accesses are not added: the caller gives them their new node first, then adds them. None
+    when the library cannot do it."""
+    lay = _layout(a)
+    args = (_c(keys, np.uint64), _c(x, np.uint64), _c(node, np.int16), _c(npages, np.uint16),
+            _c(count, np.uint32), _c(rate, np.float32))
+    reg = None if region is None else _c(region, np.bool_)
+    if lay is None or any(v is None for v in args) or (region is not None and reg is None):
+        return None
+    keys, x, node, npages, count, rate = args
+    m = len(x)
+    if (len(keys) != len(a) or len(node) != m or len(npages) != m or len(count) != m
+            or len(rate) != m):
+        return None
+    pos = np.empty(m, np.int64)
+    found = np.empty(m, bool)
+    changed = np.empty(m, bool)
+    acc = np.empty(m, np.int64)
+    before = np.empty(m, np.float32)
+    joined = np.empty(m, bool)
+    nacc = np.zeros(1, np.int64)
+    k = _LIB.lookup_add(keys.ctypes.data, len(keys), x.ctypes.data, m, a.ctypes.data, lay[1],
+                        lay[0].ctypes.data, node.ctypes.data, npages.ctypes.data,
+                        None if reg is None else reg.ctypes.data, count.ctypes.data,
+                        rate.ctypes.data, float(scale), int(interval), int(cand),
+                        pos.ctypes.data, found.ctypes.data, changed.ctypes.data, acc.ctypes.data,
+                        before.ctypes.data, joined.ctypes.data, nacc.ctypes.data)
+    if k < 0:
+        return None
+    n = int(nacc[0])
+    return pos, found, changed, (acc[:n], before[:n], joined[:n] if cand else None)
 
 
 def add_accesses(a: np.ndarray, idx: np.ndarray, count: np.ndarray, rate: np.ndarray,

@@ -171,6 +171,15 @@ def _kept(mask: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
     return tuple(x[mask] for x in arrays)
 
 
+def _in_index_order(a: tuple, b: tuple) -> tuple:
+    """Two results of row_merge.add_accesses (acc, before, joined) on disjoint units, as one:
+    in the order of their units, as one call over both would give them."""
+    acc = np.concatenate([a[0], b[0]])
+    order = np.argsort(acc, kind="stable")
+    joined = None if a[2] is None else np.concatenate([a[2], b[2]])[order]
+    return acc[order], np.concatenate([a[1], b[1]])[order], joined
+
+
 def _rate_count(a: np.ndarray) -> np.ndarray | None:
     """The ``rate`` and ``count`` fields of each row (adjacent, 8 bytes) as one uint64 column
     of ``a`` (a view: zeroing it zeroes both), or None when ``a`` is not laid out so."""
@@ -719,6 +728,20 @@ class PageState:
                      trust_moves: int) -> tuple[np.ndarray, np.ndarray]:
         """Merge a read's units that exist (``keys`` sorted): their nodes and sizes, then their
         accesses. Returns (each key's unit or where it would go, whether it exists)."""
+        scale, cand = np.float32(self.scale), self._cand is not None
+        got = row_merge.lookup_add(self.keys(), keys, self._a, node, npages, region, count,
+                                   rate, scale, self.interval, cand)
+        if got is not None:  # compiled: the lookup and the unchanged units' accesses, one pass
+            pos, found, changed, added = got
+            if changed.any():  # their new node first, then their accesses
+                ch = pos[changed]
+                self._take_nodes(ch, node[changed], npages[changed], trust_moves,
+                                 None if region is None else region[changed])
+                more = row_merge.add_accesses(self._a, ch, count[changed], rate[changed],
+                                              scale, self.interval, cand)
+                added = _in_index_order(added, more)
+            self._accessed(*added)
+            return pos, found
         got = row_merge.lookup_rows(self.keys(), keys, self._a, node, npages, region)
         if got is not None:  # compiled: one pass each for the lookup and the accesses
             pos, found, changed = got
@@ -920,13 +943,18 @@ class PageState:
             hit = (count > 0) | (rate > 0)
             self._add_accesses(*_kept(hit, idx, count, rate))
             return
-        acc, before, joined = got
+        self._accessed(*got)
+
+    def _accessed(self, acc: np.ndarray, before: np.ndarray, joined: np.ndarray | None) -> None:
+        """The bookkeeping of units ``acc`` (sorted unique) that took accesses in their rows
+        (``before``: their stored heat before; ``joined``: which joined the candidates, None
+        when the state keeps none): the candidates and the heat of the rest, the pools, the
+        touched units."""
         if not len(acc):
             return
         if joined is not None and joined.any():
-            b_joined, a_joined = sorted_find.masked(before, joined), sorted_find.masked(acc, joined)
-            self._out -= float(b_joined.sum(dtype=np.float64))
-            self._cand = union(self._cand, a_joined)
+            self._out -= float(sorted_find.masked(before, joined).sum(dtype=np.float64))
+            self._cand = union(self._cand, sorted_find.masked(acc, joined))
         if self._pools:
             self._pool_changed(acc)
         self._touched = union(self._touched, acc)

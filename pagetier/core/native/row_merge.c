@@ -26,19 +26,12 @@ enum {
 #define PREFETCH_ROW(rows, stride, j) __builtin_prefetch((rows) + (j) * (stride), 1)
 #define SCAN 16 /* keys a lookup counts through before it gallops */
 
-/* lookup_rows(keys, n, x, m, rows, stride, off, node, npages, region, pos, found, changed):
- * for sorted unique keys[n] (the rows' keys) and strictly increasing x[m] (a read's keys):
- * pos[i] = np.searchsorted(keys, x[i]), found[i] whether keys[pos[i]] == x[i], and for a found
- * one changed[i] whether the read's node or npages (or, region not NULL, region flag) differ
- * from the row's. Each search gallops forward from the last key's place.
- * Returns how many changed, or -1 (nothing written that counts) when x is not strictly
- * increasing: the caller takes numpy's way. */
-int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m,
-		    const uint8_t *rows, int64_t stride, const int64_t *off, const int16_t *node,
-		    const uint16_t *npages, const uint8_t *region, int64_t *pos, uint8_t *found,
-		    uint8_t *changed)
+/* The key search of lookup_rows below: pos[] and found[]; -1 when x is not strictly
+ * increasing. */
+static int find_keys(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m, int64_t *pos,
+		     uint8_t *found)
 {
-	int64_t lo = 0, nch = 0;
+	int64_t lo = 0;
 	for (int64_t i = 0; i < m; i++) { /* the keys first: the rows' misses overlap below */
 		uint64_t v = x[i];
 		if (i && v <= x[i - 1])
@@ -72,22 +65,66 @@ int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t 
 		pos[i] = lo;
 		found[i] = lo < n && keys[lo] == v;
 	}
+	return 0;
+}
+
+/* Whether found row j differs from the read's node, npages and (region not NULL) region flag. */
+static inline int row_changed(const uint8_t *rows, int64_t stride, const int64_t *off, int64_t j,
+			      int16_t node, uint16_t npages, const uint8_t *region, int64_t i)
+{
+	int ch = *FIELD(rows, stride, j, off[OFF_NODE], int8_t) != node ||
+		 *FIELD(rows, stride, j, off[OFF_NPAGES], uint16_t) != npages;
+	if (region)
+		ch |= ((*FIELD(rows, stride, j, off[OFF_FLAGS], uint8_t) & F_REGION) != 0) !=
+		      (region[i] != 0);
+	return ch;
+}
+
+/* lookup_rows(keys, n, x, m, rows, stride, off, node, npages, region, pos, found, changed):
+ * for sorted unique keys[n] (the rows' keys) and strictly increasing x[m] (a read's keys):
+ * pos[i] = np.searchsorted(keys, x[i]), found[i] whether keys[pos[i]] == x[i], and for a found
+ * one changed[i] whether the read's node or npages (or, region not NULL, region flag) differ
+ * from the row's. Each search gallops forward from the last key's place.
+ * Returns how many changed, or -1 (nothing written that counts) when x is not strictly
+ * increasing: the caller takes numpy's way. */
+int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m,
+		    const uint8_t *rows, int64_t stride, const int64_t *off, const int16_t *node,
+		    const uint16_t *npages, const uint8_t *region, int64_t *pos, uint8_t *found,
+		    uint8_t *changed)
+{
+	int64_t nch = 0;
+	if (find_keys(keys, n, x, m, pos, found))
+		return -1;
 	for (int64_t i = 0; i < m; i++) {
 		if (i + AHEAD < m && found[i + AHEAD])
 			PREFETCH_ROW(rows, stride, pos[i + AHEAD]);
 		changed[i] = 0;
 		if (!found[i])
 			continue;
-		int64_t j = pos[i];
-		int ch = *FIELD(rows, stride, j, off[OFF_NODE], int8_t) != node[i] ||
-			 *FIELD(rows, stride, j, off[OFF_NPAGES], uint16_t) != npages[i];
-		if (region)
-			ch |= ((*FIELD(rows, stride, j, off[OFF_FLAGS], uint8_t) & F_REGION) != 0) !=
-			      (region[i] != 0);
+		int ch = row_changed(rows, stride, off, pos[i], node[i], npages[i], region, i);
 		changed[i] = (uint8_t)ch;
 		nch += ch;
 	}
 	return nch;
+}
+
+/* One row takes one unit's accesses, as add_accesses below describes. */
+static inline void add_row(uint8_t *rows, int64_t stride, const int64_t *off, int64_t j,
+			   uint32_t count, float rate, float scale, int32_t interval, int32_t cand,
+			   float *before, uint8_t *joined)
+{
+	float *heat = FIELD(rows, stride, j, off[OFF_HEAT], float);
+	float add = rate / scale;
+	*FIELD(rows, stride, j, off[OFF_COUNT], uint32_t) += count;
+	*FIELD(rows, stride, j, off[OFF_RATE], float) += rate;
+	*before = *heat;
+	*heat = *heat + add;
+	*FIELD(rows, stride, j, off[OFF_LAST_ACCESS], int32_t) = interval;
+	if (cand) {
+		uint8_t *flags = FIELD(rows, stride, j, off[OFF_FLAGS], uint8_t);
+		*joined = (*flags & F_CAND) == 0;
+		*flags |= F_CAND;
+	}
 }
 
 /* add_accesses(rows, stride, off, idx, m, count, rate, scale, interval, cand, acc, before,
@@ -106,22 +143,48 @@ int64_t add_accesses(uint8_t *rows, int64_t stride, const int64_t *off, const in
 			PREFETCH_ROW(rows, stride, idx[i + AHEAD]);
 		if (!(count[i] > 0 || rate[i] > 0))
 			continue;
-		int64_t j = idx[i];
-		float *heat = FIELD(rows, stride, j, off[OFF_HEAT], float);
-		float add = rate[i] / scale;
-		*FIELD(rows, stride, j, off[OFF_COUNT], uint32_t) += count[i];
-		*FIELD(rows, stride, j, off[OFF_RATE], float) += rate[i];
-		before[k] = *heat;
-		*heat = *heat + add;
-		*FIELD(rows, stride, j, off[OFF_LAST_ACCESS], int32_t) = interval;
-		if (cand) {
-			uint8_t *flags = FIELD(rows, stride, j, off[OFF_FLAGS], uint8_t);
-			joined[k] = (*flags & F_CAND) == 0;
-			*flags |= F_CAND;
-		}
-		acc[k++] = j;
+		add_row(rows, stride, off, idx[i], count[i], rate[i], scale, interval, cand,
+			before + k, joined + k);
+		acc[k++] = idx[i];
 	}
 	return k;
+}
+
+/* lookup_add(keys, n, x, m, rows, stride, off, node, npages, region, count, rate, scale,
+ * interval, cand, pos, found, changed, acc, before, joined, nacc): lookup_rows, and in the
+ * same pass over the rows add_accesses for the found units whose node, size and region flag
+ * are unchanged (their accesses do not depend on the new node; the changed ones take their
+ * node first, then their accesses, from the caller). *nacc: how many went to acc, before and
+ * joined. Returns how many changed, or -1 (nothing written) when x is not strictly
+ * increasing. */
+int64_t lookup_add(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m,
+		   uint8_t *rows, int64_t stride, const int64_t *off, const int16_t *node,
+		   const uint16_t *npages, const uint8_t *region, const uint32_t *count,
+		   const float *rate, float scale, int32_t interval, int32_t cand, int64_t *pos,
+		   uint8_t *found, uint8_t *changed, int64_t *acc, float *before, uint8_t *joined,
+		   int64_t *nacc)
+{
+	int64_t nch = 0, k = 0;
+	if (find_keys(keys, n, x, m, pos, found))
+		return -1;
+	for (int64_t i = 0; i < m; i++) {
+		if (i + AHEAD < m && found[i + AHEAD])
+			PREFETCH_ROW(rows, stride, pos[i + AHEAD]);
+		changed[i] = 0;
+		if (!found[i])
+			continue;
+		int64_t j = pos[i];
+		int ch = row_changed(rows, stride, off, j, node[i], npages[i], region, i);
+		changed[i] = (uint8_t)ch;
+		nch += ch;
+		if (ch || !(count[i] > 0 || rate[i] > 0))
+			continue;
+		add_row(rows, stride, off, j, count[i], rate[i], scale, interval, cand, before + k,
+			joined + k);
+		acc[k++] = j;
+	}
+	*nacc = k;
+	return nch;
 }
 
 /* prune(rows, stride, off, cand, n, scale, floor, dropped): the candidates cand[n] whose heat
