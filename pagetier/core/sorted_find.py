@@ -11,9 +11,9 @@ merge likewise, not a sort of their concatenation. ``member`` and ``common`` giv
 membership or its count (the rules' memberships and overlaps), without the positions.
 
 A few one-pass helpers of the decision live here too, each numpy's result: the ranking sort's
-keys made and read back (``rank_keys``, ``rank_order``; numpy sorts them), the tie-break to
-fast units (``scale_fast``), a column merged after a union (``spread``, ``insert_shift``),
-several columns cut by one mask (``compress``, ``masked``), and the decision's sorts of keys and rates
+keys made and read back (``rank_keys``, ``rank_order``), the tie-break to fast units
+(``scale_fast``), a column merged after a union (``spread``, ``insert_shift``), several
+columns cut by one mask (``compress``, ``masked``), and the decision's sorts of keys and rates
 (``sort``: a radix sort, numpy's order).
 
 The library (native/sorted_find.c, loaded with ctypes) is built by the build: in a checkout by
