@@ -91,9 +91,21 @@ def plan_demotions(state, demote, promote, budget: int, rate: int, *, fast: int 
     """(policy demotions, forced demotions) that fit in ``rate`` pages (see the module doc)."""
     n = len(state)
     promote = unique_in_order(promote, n)
-    demote = unique_in_order(demote, n)
+    return _plan_demotions(state, _movable_demotions(state, unique_in_order(demote, n), promote,
+                                                     slow), promote, budget, rate, fast=fast)
+
+
+def _movable_demotions(state, demote, promote, slow: int) -> np.ndarray:
+    """The policy's demotions (``demote``, ``promote``: as :func:`unique_in_order` gives them)
+    that can move: on a known node but the slow one, not stuck, not promoted as well."""
     demote = demote[(state.node[demote] != slow) & (state.node[demote] >= 0) & ~state.stuck(demote)]
-    demote = demote[~np.isin(demote, promote)]
+    return demote[~np.isin(demote, promote)]
+
+
+def _plan_demotions(state, demote, promote, budget: int, rate: int, *,
+                    fast: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`plan_demotions` of the movable demotions ``demote`` (:func:`_movable_demotions`)
+    and the promotions ``promote`` (as :func:`unique_in_order` gives them)."""
     demote = fit(demote, state.npages, rate)
     used = state.movable_on(fast) - _pages(state, demote)
     forced = demote[:0]
@@ -113,9 +125,15 @@ def plan_promotions(state, promote, budget: int, node_room: int | None, rate: in
     """(promotions, the limit that cut them) for the state as it is: ``fast_used`` (default:
     the movable pages on the fast node now) against ``budget``, ``rate`` pages to move and the
     node's room (None: unknown, no limit)."""
+    return _plan_promotions(state, unique_in_order(promote, len(state)), budget, node_room,
+                            rate, fast=fast, fast_used=fast_used)
+
+
+def _plan_promotions(state, promote, budget: int, node_room: int | None, rate: int, *,
+                     fast: int = 0, fast_used: int | None = None) -> tuple[np.ndarray, str | None]:
+    """:func:`plan_promotions` of ``promote`` as :func:`unique_in_order` gives it."""
     if fast_used is None:
         fast_used = state.movable_on(fast)
-    promote = unique_in_order(promote, len(state))
     promote = promote[(state.node[promote] != fast) & ~state.stuck(promote)]
     left = budget - fast_used
     kept = fit(promote, state.npages, min(rate, left))
@@ -137,38 +155,38 @@ def plan(state, decision, budget: int, node_room: int | None, rate: int, *, fast
     ``node_room`` (None: unknown) and ``rate`` pages moved, plus the forced demotions that keep
     the fast node within the budget. Pure: ``state`` is not changed."""
     n = len(state)
-    asked = len(unique_in_order(decision.promote, n)) + len(unique_in_order(decision.demote, n))
-    wanted = wanted_pages(state, decision.demote, decision.promote, fast=fast, slow=slow)
-    demote, forced = plan_demotions(state, decision.demote, decision.promote, budget, rate,
-                                    fast=fast, slow=slow)
+    # each list made valid and distinct once, for every step below
+    up, down = unique_in_order(decision.promote, n), unique_in_order(decision.demote, n)
+    asked = len(up) + len(down)
+    movable_down = _movable_demotions(state, down, up, slow)
+    wanted = _wanted(state, up, movable_down, fast)
+    demote, forced = _plan_demotions(state, movable_down, up, budget, rate, fast=fast)
     out = np.concatenate([demote, forced]).astype(np.int64)
     on_fast = out[state.node[out] == fast]
     # after the demotions: the movable fast pages they take off, and the room they free
     fast_used = state.movable_on(fast) - _pages(state, on_fast) + _pages(
         state, on_fast[state.unmovable(on_fast)])
     room = None if node_room is None else node_room + _pages(state, on_fast)
-    promote, limit = plan_promotions(state, decision.promote, budget, room, rate - _pages(state, out),
-                                     fast=fast, fast_used=fast_used)
-    if limit is None and _pages(state, demote) < _demotable(state, decision.demote,
-                                                             decision.promote, slow):
+    promote, limit = _plan_promotions(state, up, budget, room, rate - _pages(state, out),
+                                      fast=fast, fast_used=fast_used)
+    if limit is None and _pages(state, demote) < _pages(state, movable_down):
         limit = "rate"  # the rate cut the policy's demotions (the only limit they have)
     return Moves(demote=demote.astype(np.int64), forced=forced.astype(np.int64),
                  promote=promote.astype(np.int64), limit=limit, asked=asked,
                  wanted=wanted + _pages(state, forced))
 
 
-def _demotable(state, demote, promote, slow: int = 1) -> int:
-    """Pages of the policy's demotions that can move (as plan_demotions filters them)."""
-    n = len(state)
-    promote = unique_in_order(promote, n)
-    demote = unique_in_order(demote, n)
-    demote = demote[(state.node[demote] != slow) & (state.node[demote] >= 0) & ~state.stuck(demote)]
-    return _pages(state, demote[~np.isin(demote, promote)])
-
-
 def wanted_pages(state, demote, promote, *, fast: int = 0, slow: int = 1) -> int:
     """Pages of the policy's moves that have somewhere to go: promotions not on the fast node
     and demotions (as plan_demotions filters them), neither stuck."""
-    up = unique_in_order(promote, len(state))
+    n = len(state)
+    up = unique_in_order(promote, n)
+    return _wanted(state, up, _movable_demotions(state, unique_in_order(demote, n), up, slow),
+                   fast)
+
+
+def _wanted(state, up, movable_down, fast: int) -> int:
+    """:func:`wanted_pages` of promotions ``up`` (as :func:`unique_in_order` gives them) and
+    the movable demotions ``movable_down`` (:func:`_movable_demotions`)."""
     up = up[(state.node[up] != fast) & ~state.stuck(up)]
-    return _pages(state, up) + _demotable(state, demote, promote, slow)
+    return _pages(state, up) + _pages(state, movable_down)
