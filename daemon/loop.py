@@ -238,6 +238,7 @@ class Daemon:
         self._accessed = 0  # units with an access rate in the last full read (see step)
         self._early_run = 0  # early reads in a row up to the last one
         self._looked = False  # this read comes early: a look between reads asked for it
+        self._period_seen: float | None = None  # when the last profiler period end was seen
         self._by_throughput = False  # the measured throughput, not --rate, caps this step
         self._aliased = 0  # fast pages counted again as another target's (targets.fast_aliases)
 
@@ -616,12 +617,20 @@ class Daemon:
         """Yield (each target's period count) at each end of a profiler period for every
         target since ``base`` (the counts at the start; a target gone counts as ended), until
         ``until``, the daemon stopping or the child exiting."""
+        half = float(getattr(self.profiler, "period_s", 0.0)) / 2
         while self.stop_reason is None and self._signal is None:
             now = self.clock.monotonic()
             if now >= until or (self.child is not None and self.child.poll() is not None):
                 return
+            # the next end comes about a period after the last (a budget-cut one resumes a
+            # quarter period after): no look for it before half a period has passed
+            due = self._period_seen + half if self._period_seen is not None else now
+            if due > now:
+                self._wait(min(until, due))
+                continue
             ended = {pid: periods(pid) for pid in pids}
             if all(ended[pid] != base[pid] for pid in pids):  # None: gone since
+                self._period_seen = self.clock.monotonic()
                 yield ended
                 base = ended
             else:

@@ -25,6 +25,7 @@ from pagetier.daemon import config as config_mod
 from pagetier.core import mover, planner
 from pagetier.core.state import PageState
 from pagetier.daemon.clock import FakeClock
+from pagetier.daemon import loop
 from pagetier.daemon.loop import Daemon
 from pagetier.daemon.numab import NumaBalancing
 from pagetier.daemon.report import human_line
@@ -458,6 +459,32 @@ def test_reads_follow_the_profilers_periods(tmp_path, stalled):
     else:
         since = later - ends[np.searchsorted(ends, later + 1e-9) - 1]
         assert np.all(since <= 0.02 + 1e-9), since
+
+
+def test_the_wait_for_a_period_end_looks_from_half_a_period_after_the_last(tmp_path):
+    """The wait for the profiler's period ends asks the profiler (an ioctl a target under
+    pagetier.ko) every PERIOD_POLL_S only from half a period after the last end it saw, not all
+    period long; the reads still follow the period ends."""
+    prof = StubProfiler(units=256, hot=16)
+    d, clock, ends = run_with_periods(tmp_path, prof, duration=6.0)
+    count = prof.periods
+    asked = []
+    prof.periods = lambda pid: asked.append(clock.monotonic()) or count(pid)
+    steps = []
+    orig = d.step
+
+    def step(boundary=False):
+        steps.append(clock.monotonic() - d._t0)
+        return orig(boundary)
+
+    d.step = step
+    assert d.run() == 0
+    later = np.array(steps[1:-1])
+    since = later - ends[np.searchsorted(ends, later + 1e-9) - 1]
+    assert len(later) >= 3 and np.all(since <= 0.02 + 1e-9), since
+    # 0.5 s periods: about 0.25 s of looks at 20 ms each, not 25 looks, per period
+    per_period = len(asked) / (6.0 / prof.period_s)
+    assert per_period <= 0.5 * prof.period_s / loop.PERIOD_POLL_S, per_period
 
 
 def test_an_idle_read_is_followed_by_one_at_the_next_period_end(tmp_path):
