@@ -407,6 +407,19 @@ def run_for(tmp_path, *, interval: float, duration: float, prof):
     return d, clock
 
 
+def step_times(d, clock) -> list:
+    """The times (since the start) at which ``d``'s steps begin, filled in as it runs."""
+    steps = []
+    orig = d.step
+
+    def step(boundary=False):
+        steps.append(clock.monotonic() - d._t0)
+        return orig(boundary)
+
+    d.step = step
+    return steps
+
+
 def run_with_periods(tmp_path, prof, *, duration: float, stalled: bool = False):
     """run_for at a 1 s interval with a profiler whose 500 ms periods end at ``ends`` (times
     after the start; none ever ends when ``stalled``). Returns (daemon, clock, ends)."""
@@ -442,14 +455,7 @@ def test_reads_follow_the_profilers_periods(tmp_path, stalled):
     of when it was due; when no period ends (a stalled profiler), half a period late."""
     prof = StubProfiler(units=256, hot=16)
     d, clock, ends = run_with_periods(tmp_path, prof, duration=6.0, stalled=stalled)
-    steps = []
-    orig = d.step
-
-    def step(boundary=False):
-        steps.append(clock.monotonic() - d._t0)
-        return orig(boundary)
-
-    d.step = step
+    steps = step_times(d, clock)
     assert d.run() == 0
     later = np.array(steps[1:-1])  # the last: the deadline
     assert len(later) >= 3
@@ -470,14 +476,7 @@ def test_the_wait_for_a_period_end_looks_from_half_a_period_after_the_last(tmp_p
     count = prof.periods
     asked = []
     prof.periods = lambda pid: asked.append(clock.monotonic()) or count(pid)
-    steps = []
-    orig = d.step
-
-    def step(boundary=False):
-        steps.append(clock.monotonic() - d._t0)
-        return orig(boundary)
-
-    d.step = step
+    steps = step_times(d, clock)
     assert d.run() == 0
     later = np.array(steps[1:-1])
     since = later - ends[np.searchsorted(ends, later + 1e-9) - 1]
