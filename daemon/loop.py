@@ -96,7 +96,6 @@ from pagetier.daemon.clock import Clock
 from pagetier.daemon.executor import THROUGHPUT_MIN_PAGES, Executor, new_tally
 from pagetier.daemon.fastnode import ROOM_MARGIN, FastNode  # noqa: F401
 from pagetier.daemon.moves import MOVE_TIME_SHARE, DaemonMover  # noqa: F401
-from pagetier.daemon.metrics import per_target_bytes
 from pagetier.daemon.numab import NumaBalancing
 from pagetier.daemon import targets as targets_mod
 from pagetier.daemon.targets import Targets
@@ -541,7 +540,7 @@ class Daemon:
         doc = report.status_doc(self)
         # each target's bytes on the fast and slow node, the move errors over the run and the
         # metrics endpoint: what --metrics serves, from this same document
-        tb = per_target_bytes(self.state, self.cfg.fast_node, self.cfg.slow_node)
+        tb = report.per_target_bytes(self.state, self.cfg.fast_node, self.cfg.slow_node)
         for t in doc["targets"]:
             t["fast_bytes"], t["slow_bytes"] = tb.get(t["pid"], (0, 0))
             # over the run: bytes moved to each node and moves back within ping_pong_window

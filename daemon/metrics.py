@@ -19,6 +19,7 @@ from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, Gaug
                                     InfoMetricFamily)
 
 from pagetier.daemon.config import NODE_ROOT, parse_listen
+from pagetier.daemon.report import per_target_bytes
 from pagetier.errors import ConfigError
 
 log = logging.getLogger("pagetier.daemon")
@@ -57,24 +58,6 @@ def cgroup_dir(path: str, root: Path = CGROUP_ROOT) -> Path:
     if p.is_absolute() and p.is_dir():
         return p
     return root / str(path).lstrip("/")
-
-
-def per_target_bytes(state, fast: int, slow: int) -> dict[int, tuple[int, int]]:
-    """pid -> (bytes on ``fast``, bytes on ``slow``) of the units the daemon tracks."""
-    import numpy as np
-
-    pids = list(state.pids)
-    if not len(state) or not pids:
-        return {p: (0, 0) for p in pids if p >= 0}
-    t = np.asarray(state.target, np.int64)
-    node = np.asarray(state.node)
-    w = np.asarray(state.npages, np.int64)
-    out = []
-    for n in (fast, slow):
-        m = node == n
-        out.append(np.bincount(t[m], weights=w[m], minlength=len(pids)).astype(np.int64))
-    return {p: (int(out[0][i]) * PAGE, int(out[1][i]) * PAGE)
-            for i, p in enumerate(pids) if p >= 0}
 
 
 class Collector:

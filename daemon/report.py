@@ -16,6 +16,7 @@ from pagetier.daemon import config as config_mod
 log = logging.getLogger("pagetier.daemon")
 
 MIB = 1 << 20
+PAGE_SIZE = 4096
 
 
 def jsonable(o):
@@ -33,6 +34,22 @@ def memory(state) -> dict:
     if tracemalloc.is_tracing():
         m["traced_kib"] = tracemalloc.get_traced_memory()[0] // 1024
     return m
+
+
+def per_target_bytes(state, fast: int, slow: int) -> dict[int, tuple[int, int]]:
+    """pid -> (bytes on ``fast``, bytes on ``slow``) of the units the daemon tracks."""
+    pids = list(state.pids)
+    if not len(state) or not pids:
+        return {p: (0, 0) for p in pids if p >= 0}
+    t = np.asarray(state.target, np.int64)
+    node = np.asarray(state.node)
+    w = np.asarray(state.npages, np.int64)
+    out = []
+    for n in (fast, slow):
+        m = node == n
+        out.append(np.bincount(t[m], weights=w[m], minlength=len(pids)).astype(np.int64))
+    return {p: (int(out[0][i]) * PAGE_SIZE, int(out[1][i]) * PAGE_SIZE)
+            for i, p in enumerate(pids) if p >= 0}
 
 
 def log_top_allocations(n: int = 12) -> None:
