@@ -50,3 +50,26 @@ def test_make_check_fails_on_a_checkpatch_error(tmp_path):
                          capture_output=True, text=True)
     assert res.returncode != 0, res.stdout
     assert ": ERROR:" in res.stdout
+
+
+def test_vermagic_is_read_from_the_module_and_a_non_module_is_named(tmp_path):
+    """The daemon checks a module's vermagic before insmod: the value modinfo shows, and a clear
+    error naming the file for what is not a kernel module."""
+    from pagetier.profiler import kmod
+
+    built = sorted((KMOD.parent / "build" / "kmod").glob("*/pagetier.ko"))
+    if not built:
+        pytest.skip("no module built (scripts/setup.sh builds it)")
+    for ko in built:
+        r = subprocess.run(["modinfo", "-F", "vermagic", str(ko)], capture_output=True, text=True)
+        if r.returncode == 0:
+            assert kmod.vermagic(ko).strip() == r.stdout.strip()
+        assert kmod.vermagic(ko).split()[0] == ko.parent.name
+    cut = tmp_path / "cut.ko"
+    cut.write_bytes(built[0].read_bytes()[:100])
+    text = tmp_path / "text.ko"
+    text.write_text("not a module\n")
+    for bad in (cut, text, Path("/bin/true")):
+        with pytest.raises(kmod.Unavailable, match="not a kernel module") as e:
+            kmod.vermagic(bad)
+        assert str(bad) in str(e.value)
