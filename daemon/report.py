@@ -37,19 +37,12 @@ def memory(state) -> dict:
 
 
 def per_target_bytes(state, fast: int, slow: int) -> dict[int, tuple[int, int]]:
-    """pid -> (bytes on ``fast``, bytes on ``slow``) of the units the daemon tracks."""
-    pids = list(state.pids)
-    if not len(state) or not pids:
-        return {p: (0, 0) for p in pids if p >= 0}
-    t = np.asarray(state.target, np.int64)
-    node = np.asarray(state.node)
-    w = np.asarray(state.npages, np.int64)
-    out = []
-    for n in (fast, slow):
-        m = node == n
-        out.append(np.bincount(t[m], weights=w[m], minlength=len(pids)).astype(np.int64))
-    return {p: (int(out[0][i]) * PAGE_SIZE, int(out[1][i]) * PAGE_SIZE)
-            for i, p in enumerate(pids) if p >= 0}
+    """pid -> (bytes on ``fast``, bytes on ``slow``) of the units the daemon tracks (the state's
+    per-target counters: no pass over the units)."""
+    f, _ = state.target_pages(fast)
+    s, _ = state.target_pages(slow)
+    return {p: (int(f[i]) * PAGE_SIZE, int(s[i]) * PAGE_SIZE)
+            for i, p in enumerate(state.pids) if p >= 0}
 
 
 def log_top_allocations(n: int = 12) -> None:
@@ -73,7 +66,7 @@ def status_doc(daemon) -> dict:
         "pid": os.getpid(),
         "started": daemon.started,
         "updated": daemon.clock.time(),
-        "config": config_mod.as_dict(daemon.cfg),
+        "config": daemon.report.config_doc(daemon.cfg),
         "config_source": daemon.cfg.source,
         "targets": [{"pid": p, "name": daemon.tracker.name(p), "cgroup": _cgroup_of(daemon, p)}
                     for p in sorted(daemon.targets)],
@@ -96,6 +89,14 @@ class Reporter:
         self.out = out
         self.status_path = Path(status_path)
         self._warned = False
+        self._config: tuple = (None, None)  # (the Config, its keys as a dict)
+
+    def config_doc(self, cfg) -> dict:
+        """``cfg``'s keys and values (config.as_dict), computed again only when the daemon has
+        another Config (a SIGHUP reload replaces it): the status file is written every interval."""
+        if self._config[0] is not cfg:
+            self._config = (cfg, config_mod.as_dict(cfg))
+        return self._config[1]
 
     def emit(self, stats: dict, cfg) -> None:
         if cfg.json:
@@ -106,10 +107,14 @@ class Reporter:
         self.out.flush()
 
     def write_status(self, doc: dict) -> None:
+        tmp = self.status_path.with_suffix(".tmp")
+        text = json.dumps(doc, default=jsonable)
         try:
-            self.status_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.status_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc, default=jsonable))
+            try:
+                tmp.write_text(text)
+            except FileNotFoundError:  # the first write, or its directory removed since
+                self.status_path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(text)
             os.replace(tmp, self.status_path)
         except OSError as e:
             if not self._warned:

@@ -9,8 +9,8 @@
    reads parts). A small part of the hot set changes every interval
    (``--churn``); a stub mover records the daemon's moves and the stub's nodes follow them
    (``--dry-run``: plan the same moves every interval instead). Intervals are timed in parts:
-   merging the samples into the PageState, the policy's decision, and the whole step (CPU
-   time; the mean over the intervals, so that the daemon's periodic complete read counts
+   merging the samples into the PageState, the policy's decision, and the whole step with
+   the status file's write that follows it in the daemon's loop (CPU time; the mean over the intervals, so that the daemon's periodic complete read counts
    at its share, and the worst interval; the stub's own time generating its samples, the
    kernel's work with pagetier.ko, is left out of the step). The same runs with a baseline revision's code
    (``--baseline``, default main: exported with git archive and run in a child process), side
@@ -81,6 +81,14 @@ except ImportError:
 PAGE = 4096
 
 
+def _status_s(d) -> float:
+    """CPU seconds of the status file's write that ends each of the daemon's intervals (its
+    run loop writes it after every step: per-target and per-cgroup bytes, the last stats)."""
+    t0 = time.process_time()
+    d.write_status()
+    return time.process_time() - t0
+
+
 def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.02,
                     churn: float = 0.02, dry: bool = False) -> dict:
     units = size // PAGE
@@ -145,7 +153,7 @@ def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.
 
     cfg = config_mod.load(None, {"policy": policy, "profiler": "stub", "dry_run": dry,
                                  "fast_budget": size // 2, "rate": 0, "json": True})
-    cfg.handle_signals, cfg.status_file = False, "/dev/null"
+    cfg.handle_signals, cfg.status_file = False, os.path.join(tempfile.mkdtemp(), "status.json")
     prof = Kstub()
     from pagetier import policies
 
@@ -159,7 +167,7 @@ def bench_intervals(size: int, intervals: int, policy: str, hot_frac: float = 0.
         stats = d.step()
         merge.append(stats["merge_s"])
         decide.append(stats["decide_s"])
-        step.append(stats["cpu_s"] - Kstub.read_s)
+        step.append(stats["cpu_s"] - Kstub.read_s + _status_s(d))
     # the first interval creates the state: report the steady state
     mean = lambda xs: statistics.mean(xs[1:]) * 1000  # noqa: E731
     return {"size": size, "units": units, "state_b": d.state.nbytes / units,
@@ -303,7 +311,7 @@ def bench_scale(size: int, intervals: int, policy: str, hot_frac: float,
     # the default migration rate (512 MB/s): what the daemon moves in an interval as it would
     cfg = config_mod.load(None, {"policy": policy, "profiler": "stub", "dry_run": False,
                                  "fast_budget": size // 2, "json": True})
-    cfg.handle_signals, cfg.status_file = False, "/dev/null"
+    cfg.handle_signals, cfg.status_file = False, os.path.join(tempfile.mkdtemp(), "status.json")
     from pagetier import policies
 
     prof = Kstub()  # (a baseline's daemon never asks for a part)
@@ -316,7 +324,7 @@ def bench_scale(size: int, intervals: int, policy: str, hot_frac: float,
         Kstub.read_s = 0.0
         n0 = len(records)
         stats = d.step()
-        step.append(stats["cpu_s"] - Kstub.read_s)
+        step.append(stats["cpu_s"] - Kstub.read_s + _status_s(d))
         merge.append(stats["merge_s"])
         decide.append(stats["decide_s"])
         recs.append(sum(records[n0:]))

@@ -57,6 +57,47 @@ def test_counters_follow_moves_inserts_and_forgets():
     assert st.pages_on(FAST) == 5 and st.pages_on(SLOW) == 0
 
 
+def test_per_target_counters_follow_two_targets_and_a_reused_slot():
+    """The status document's per-target and per-cgroup bytes come from counters kept as units
+    are inserted, moved, marked unmovable and forgotten, and a forgotten target's slot reused:
+    always what a pass over the units gives."""
+    from pagetier.core.shares import Group, usage
+
+    def brute(st, node):
+        t, n, w = st.target.astype(np.int64), st.node, st.npages.astype(np.int64)
+        um = st.unmovable(np.arange(len(st)))
+        k = len(st.pids)
+        on = n == node
+        return (np.bincount(t[on], weights=w[on], minlength=k).astype(np.int64),
+                np.bincount(t[on & um], weights=w[on & um], minlength=k).astype(np.int64))
+
+    rng = np.random.default_rng(3)
+    st = PageState()
+    pids = [11, 12]
+    for i in range(40):
+        if i == 20:  # the first target goes, another takes its slot
+            st.forget_target(11)
+            pids = [13, 12]
+        st.begin_interval()
+        for pid in pids:
+            hit = np.flatnonzero(rng.random(300) < 0.3)
+            st.update(sample(hit * 4096, rng.exponential(5, len(hit)), rng.integers(0, 2, len(hit)),
+                             pid=pid, complete=i % 7 == 0))
+        if len(st):
+            st.record_moves(rng.choice(len(st), 20), int(rng.integers(0, 2)))
+            st.mark_stuck(rng.choice(len(st), 3))
+        for node in (FAST, SLOW):
+            want = brute(st, node)
+            got = st.target_pages(node)
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+            assert st.pages_on(node) == int((st.npages[st.node == node]).sum())
+        groups = [Group("a", frozenset({pids[0]}), 0), Group("b", frozenset({12}), 0)]
+        fast, slow = brute(st, FAST), brute(st, SLOW)
+        want = [(int(fast[0][t].sum()), int(fast[1][t].sum()), int(slow[0][t].sum()))
+                for t in ([st.pids.index(pids[0])], [st.pids.index(12)])]
+        assert usage(st, groups, FAST, SLOW) == want
+
+
 def test_candidates_hold_every_unit_above_the_floor():
     rng = np.random.default_rng(1)
     st = PageState()

@@ -190,11 +190,17 @@ def refit(state, promote: np.ndarray, groups: list[Group], *, fast: int = 0) -> 
 
 def usage(state, groups: list[Group], fast: int, slow: int) -> list[tuple[int, int, int]]:
     """Per group, (pages on the fast node, those of them the kernel refused to move (outside
-    the budget), pages on the slow node) of its targets' units."""
-    gid = group_ids(state, groups)
-    w = state.npages.astype(np.int64)
-    on = state.node == fast
-    f = _per_group(gid, on, w, len(groups))
-    u = _per_group(gid, on & state.unmovable(np.arange(len(state))), w, len(groups))
-    s = _per_group(gid, state.node == slow, w, len(groups))
-    return [(int(a), int(b), int(c)) for a, b, c in zip(f, u, s)]
+    the budget), pages on the slow node) of its targets' units, from the state's per-target
+    counters (a target in several groups counts in the last, as :func:`group_ids` has it)."""
+    f, u = state.target_pages(fast)
+    s, _ = state.target_pages(slow)
+    table = np.full(len(state.pids), -1, np.int64)
+    for i, g in enumerate(groups):
+        for t, p in enumerate(state.pids):
+            if p != -1 and p in g.pids:
+                table[t] = i
+    k = len(groups)
+    m = table >= 0
+    return [(int(a), int(b), int(c)) for a, b, c in
+            zip(*(np.bincount(table[m], weights=x[m], minlength=k)[:k].astype(np.int64)
+                  for x in (f, u, s)))]

@@ -260,7 +260,7 @@ class PageState:
         self._touched = None  # sorted indices merged in this interval; None: unknown
         self._recent = None  # the last interval's touched units: where to look up first
         self._direct = 0  # lookups left that search every unit's key directly (see _lookup)
-        self._node_pages = None  # pages per node + 1, and the unmovable ones, or None
+        self._node_pages = None  # pages per target and node + 1, and the unmovable ones
         self._unmov_pages = None
         self._cand = None  # sorted indices: every other unit's heat is below _cand_floor
         self._cand_floor = 0.0
@@ -333,39 +333,67 @@ class PageState:
 
     # ------------------------------------------------------------------ counters
     def _counts(self):
+        """Per target index and node (+1, so that -1, unknown, is column 0): the 4 KiB pages
+        tracked and the unmovable ones among them, two (targets, _NODES) arrays kept up to date
+        by :meth:`_account` once built."""
         if self._node_pages is None:
             a = self._a
-            nd = a["node"].astype(np.int64) + 1
+            t = a["target"].astype(np.int64)
+            rows = max(len(self.pids), int(t.max()) + 1 if len(t) else 0, 1)
+            cell = t * _NODES + a["node"].astype(np.int64) + 1
             w = a["npages"].astype(np.int64)
-            self._node_pages = np.bincount(nd, weights=w, minlength=_NODES).astype(np.int64)
             um = (a["flags"] & F_UNMOVABLE) != 0
-            self._unmov_pages = np.bincount(nd[um], weights=w[um], minlength=_NODES).astype(np.int64)
+            n = rows * _NODES
+            self._node_pages, self._unmov_pages = (
+                np.bincount(c, weights=x, minlength=n).astype(np.int64).reshape(rows, _NODES)
+                for c, x in ((cell, w), (cell[um], w[um])))
         return self._node_pages, self._unmov_pages
 
     def _account(self, idx: np.ndarray, sign: int) -> None:
-        """Add (sign 1) or take off (-1) units ``idx`` in the per-node counters."""
+        """Add (sign 1) or take off (-1) units ``idx`` in the per-target, per-node counters."""
         if self._node_pages is None or not len(idx):
             return
         a = self._a
-        nd = a["node"][idx].astype(np.int64) + 1
+        t = a["target"][idx].astype(np.int64)
+        rows = int(t.max()) + 1
+        if rows > len(self._node_pages):  # a new target's first units
+            grow = np.zeros((rows - len(self._node_pages), _NODES), np.int64)
+            self._node_pages = np.vstack([self._node_pages, grow])
+            self._unmov_pages = np.vstack([self._unmov_pages, grow])
+        cell = t * _NODES + a["node"][idx].astype(np.int64) + 1
         w = a["npages"][idx].astype(np.int64) * sign
-        np.add.at(self._node_pages, nd, w)
+        np.add.at(self._node_pages.reshape(-1), cell, w)
         um = (a["flags"][idx] & F_UNMOVABLE) != 0
         if um.any():
-            np.add.at(self._unmov_pages, nd[um], w[um])
+            np.add.at(self._unmov_pages.reshape(-1), cell[um], w[um])
 
     def pages_on(self, node: int) -> int:
         """4 KiB pages tracked on ``node``."""
         if not -1 <= node < _NODES - 1:
             return 0
-        return int(self._counts()[0][node + 1])
+        return int(self._counts()[0][:, node + 1].sum())
 
     def unmovable_on(self, node: int) -> int:
         """4 KiB pages on ``node`` the kernel refused to move (shared with other processes:
         library text, memory of a forked parent) and has not moved since."""
         if not -1 <= node < _NODES - 1:
             return 0
-        return int(self._counts()[1][node + 1])
+        return int(self._counts()[1][:, node + 1].sum())
+
+    def target_pages(self, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per target index (as :attr:`pids`), the 4 KiB pages tracked on ``node`` and the
+        unmovable ones among them: the status document's per-target and per-cgroup bytes,
+        without a pass over the units."""
+        k = len(self.pids)
+        if not -1 <= node < _NODES - 1:
+            return np.zeros(k, np.int64), np.zeros(k, np.int64)
+        pages, unmov = self._counts()
+        out = []
+        for c in (pages, unmov):
+            col = c[:k, node + 1]
+            out.append(np.concatenate([col, np.zeros(k - len(col), np.int64)]) if len(col) < k
+                       else col.copy())
+        return out[0], out[1]
 
     def movable_on(self, node: int) -> int:
         """4 KiB pages on ``node`` that count against a budget: all but :meth:`unmovable_on`."""
@@ -373,7 +401,7 @@ class PageState:
 
     def resident(self) -> dict[int, int]:
         """4 KiB pages per node (-1: unknown), the nodes holding any."""
-        np_ = self._counts()[0]
+        np_ = self._counts()[0].sum(axis=0)
         return {int(i) - 1: int(np_[i]) for i in np.flatnonzero(np_)}
 
     def set_nodes(self, idx: np.ndarray, node: np.ndarray | int) -> None:
