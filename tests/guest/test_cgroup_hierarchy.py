@@ -183,4 +183,5 @@ def test_run_manages_a_shells_two_programs(hierarchy, env, tmp_path):
         assert done and done[0]["pages_corrupt"] == 0
         assert any(t["fast_fraction"] >= 0.95 for t in ticks), (name, ticks, r.stderr[-2000:])
     assert "managing cgroup" in r.stderr and "pagetier-run-" in r.stderr
-    assert not list(CGROUP_ROOT.glob("pagetier-run-*")), "the command's cgroup was left behind"
+    assert not list(CGROUP_ROOT.glob("pagetier-run-*")), \
+        f"the command's cgroup was left behind: {r.stderr[-1500:]}"
