@@ -135,6 +135,83 @@ def test_library_used_on_a_sorted_read_and_declines_an_unsorted_one(compiled, mo
                                  None) is None
 
 
+def _spaced_state(n: int, rng) -> PageState:
+    """A state of n 4 KiB units at addresses with gaps of 1-40 pages between them, so that a
+    key between two units is absent."""
+    gaps = rng.integers(1, 41, n).astype(np.uint64)
+    addr = np.uint64(BASE) + np.cumsum(gaps) * np.uint64(4096)
+    st = PageState()
+    st.update(Sample(pid=1, addr=addr, count=np.ones(n, np.uint32),
+                     node=np.zeros(n, np.int16), npages=np.ones(n, np.uint16)))
+    return st
+
+
+@pytest.mark.parametrize("pattern", ["runs", "gaps", "far", "absent", "ends", "one"])
+def test_lookup_places_keys_as_searchsorted(compiled, monkeypatch, pattern):
+    """Both lookups place every key of a sorted read where np.searchsorted does and find the
+    units it finds, over reads of runs of adjacent units, gaps of a few units, jumps of
+    thousands, keys absent before, between and past the units, and the first and last unit;
+    lookup_add changes the found rows as lookup_rows and add_accesses do."""
+    monkeypatch.setattr(row_merge, "_LIB", compiled)
+    rng = np.random.default_rng(len(pattern))
+    n = 20000
+    st = _spaced_state(n, rng)
+    keys = st.keys()
+    if pattern == "runs":  # runs of 1-40 adjacent units
+        starts = np.sort(rng.choice(n - 40, 300, replace=False))
+        sel = np.unique(np.concatenate([s + np.arange(rng.integers(1, 41)) for s in starts]))
+        x = keys[sel]
+    elif pattern == "gaps":  # a few units apart, inside and just past the counted window
+        x = keys[np.cumsum(rng.integers(1, 40, 600))]
+    elif pattern == "far":
+        x = keys[np.cumsum(rng.integers(1000, 5000, 4))]
+    elif pattern == "absent":  # keys between units, before the first, past the last
+        between = keys[rng.choice(n - 1, 2000, replace=False)] + np.uint64(1)
+        x = np.unique(np.concatenate([keys[:1] - np.uint64(5), between,
+                                      keys[rng.choice(n, 2000, replace=False)],
+                                      keys[-1:] + np.uint64(1), keys[-1:] + np.uint64(9)]))
+    elif pattern == "ends":
+        x = np.concatenate([keys[:3], keys[-3:]])
+    else:
+        x = keys[-1:]
+    want = np.searchsorted(keys, x)
+    m = len(x)
+    node = rng.integers(0, 2, m).astype(np.int16)
+    npages = np.ones(m, np.uint16)
+    pos, found, changed = row_merge.lookup_rows(keys, x, st.a, node, npages, None)
+    np.testing.assert_array_equal(pos, want)
+    inside = want < n
+    np.testing.assert_array_equal(found, inside & (keys[np.minimum(want, n - 1)] == x))
+    np.testing.assert_array_equal(changed, found & (node != 0))
+    count = rng.integers(0, 3, m).astype(np.uint32)
+    rate = count.astype(np.float32)
+    two = st.a.copy()
+    fused = row_merge.lookup_add(keys, x, st.a, node, npages, None, count, rate,
+                                 np.float32(1), 5, False)
+    np.testing.assert_array_equal(fused[0], want)
+    np.testing.assert_array_equal(fused[1], found)
+    np.testing.assert_array_equal(fused[2], changed)
+    same = found & ~changed
+    acc, _, _ = row_merge.add_accesses(two, pos[same], count[same], rate[same], np.float32(1),
+                                       5, False)
+    np.testing.assert_array_equal(fused[3][0], acc)
+    assert st.a.tobytes() == two.tobytes()
+
+
+def test_lookup_add_declines_an_unsorted_read_before_writing(compiled, monkeypatch):
+    """A read whose keys are out of order only at its end leaves every row as it was."""
+    monkeypatch.setattr(row_merge, "_LIB", compiled)
+    st = _spaced_state(500, np.random.default_rng(3))
+    keys, before = st.keys(), st.a.copy()
+    x = np.concatenate([keys[:400], keys[450:451], keys[449:450]])
+    m = len(x)
+    got = row_merge.lookup_add(keys, x, st.a, np.zeros(m, np.int16), np.ones(m, np.uint16),
+                               None, np.ones(m, np.uint32), np.ones(m, np.float32),
+                               np.float32(1), 5, True)
+    assert got is None
+    assert st.a.tobytes() == before.tobytes()
+
+
 def test_prune_keeps_heat_at_the_floor_as_numpy_compares(compiled, monkeypatch):
     """The floor is compared in float32, as numpy compares a float32 column with a float."""
     monkeypatch.setattr(row_merge, "_LIB", compiled)

@@ -41,8 +41,9 @@ Cost per interval: what the interval's samples hold, not what is tracked.
   unit the profiler tracks) also forgets the target's units it lacks (unmapped): that costs
   the target's units, and a reader takes complete samples only now and then (daemon/loop.py).
   When the compiled helpers are built (pagetier/core/row_merge.py), an accessed-only read's
-  lookup and node check are one pass over its keys and the state's rows, its accesses'
-  updates another, and the candidates' pruning one more; numpy does the same otherwise.
+  lookup, node check and accesses are one pass over its keys and the state's rows (the units
+  whose node or size changed take their accesses after their new node), and the candidates'
+  pruning one more; numpy does the same otherwise.
   A complete sample of a span of addresses (``Sample.span``: one part of the address space)
   forgets the target's units in that span only; :meth:`PageState.sync` takes one for the units
   it lists (which exist, their nodes and sizes) without their counts, so a reader can take one

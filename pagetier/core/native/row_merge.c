@@ -26,46 +26,39 @@ enum {
 #define PREFETCH_ROW(rows, stride, j) __builtin_prefetch((rows) + (j) * (stride), 1)
 #define SCAN 16 /* keys a lookup counts through before it gallops */
 
-/* The key search of lookup_rows below: pos[] and found[]; -1 when x is not strictly
- * increasing. */
-static int find_keys(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m, int64_t *pos,
-		     uint8_t *found)
+/* v's place among keys[lo..n) (keys[lo - 1] < v): np.searchsorted(keys, v). The
+ * read's keys come sorted and most are the next row's (a run of accessed units) or a few rows
+ * on (units between them not accessed): the next row is looked at first, then SCAN rows are
+ * counted without a branch a key, and only past them does the search gallop. */
+static inline int64_t find_key(const uint64_t *keys, int64_t n, uint64_t v, int64_t lo)
 {
-	int64_t lo = 0;
-	for (int64_t i = 0; i < m; i++) { /* the keys first: the rows' misses overlap below */
-		uint64_t v = x[i];
-		if (i && v <= x[i - 1])
-			return -1;
-		if (lo + SCAN <= n && keys[lo + SCAN - 1] >= v) {
-			/* within SCAN keys (most reads: the accessed units lie close together):
-			 * count the keys below v without a branch a key */
-			int64_t below = 0;
-			for (int j = 0; j < SCAN; j++)
-				below += keys[lo + j] < v;
-			lo += below;
-			pos[i] = lo;
-			found[i] = keys[lo] == v;
-			continue;
-		}
-		int64_t step = 1, hi = lo;
-		while (hi < n && keys[hi] < v) { /* gallop: keys[lo - 1] < v */
-			lo = hi + 1;
-			hi += step;
-			step <<= 1;
-		}
-		if (hi > n)
-			hi = n;
-		while (lo < hi) {
-			int64_t mid = lo + ((hi - lo) >> 1);
-			if (keys[mid] < v)
-				lo = mid + 1;
-			else
-				hi = mid;
-		}
-		pos[i] = lo;
-		found[i] = lo < n && keys[lo] == v;
+	if (lo >= n || keys[lo] >= v)
+		return lo;
+	lo++; /* keys[lo - 1] < v */
+	if (lo + SCAN <= n && keys[lo + SCAN - 1] >= v) {
+		int64_t below = 0;
+		for (int j = 0; j < SCAN - 1; j++)
+			below += keys[lo + j] < v;
+		return lo + below;
 	}
-	return 0;
+	if (lo + SCAN <= n)
+		lo += SCAN;
+	int64_t step = 1, hi = lo;
+	while (hi < n && keys[hi] < v) { /* gallop: keys[lo - 1] < v */
+		lo = hi + 1;
+		hi += step;
+		step <<= 1;
+	}
+	if (hi > n)
+		hi = n;
+	while (lo < hi) {
+		int64_t mid = lo + ((hi - lo) >> 1);
+		if (keys[mid] < v)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
 }
 
 /* Whether found row j differs from the read's node, npages and (region not NULL) region flag. */
@@ -78,34 +71,6 @@ static inline int row_changed(const uint8_t *rows, int64_t stride, const int64_t
 		ch |= ((*FIELD(rows, stride, j, off[OFF_FLAGS], uint8_t) & F_REGION) != 0) !=
 		      (region[i] != 0);
 	return ch;
-}
-
-/* lookup_rows(keys, n, x, m, rows, stride, off, node, npages, region, pos, found, changed):
- * for sorted unique keys[n] (the rows' keys) and strictly increasing x[m] (a read's keys):
- * pos[i] = np.searchsorted(keys, x[i]), found[i] whether keys[pos[i]] == x[i], and for a found
- * one changed[i] whether the read's node or npages (or, region not NULL, region flag) differ
- * from the row's. Each search gallops forward from the last key's place.
- * Returns how many changed, or -1 (nothing written that counts) when x is not strictly
- * increasing: the caller takes numpy's way. */
-int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m,
-		    const uint8_t *rows, int64_t stride, const int64_t *off, const int16_t *node,
-		    const uint16_t *npages, const uint8_t *region, int64_t *pos, uint8_t *found,
-		    uint8_t *changed)
-{
-	int64_t nch = 0;
-	if (find_keys(keys, n, x, m, pos, found))
-		return -1;
-	for (int64_t i = 0; i < m; i++) {
-		if (i + AHEAD < m && found[i + AHEAD])
-			PREFETCH_ROW(rows, stride, pos[i + AHEAD]);
-		changed[i] = 0;
-		if (!found[i])
-			continue;
-		int ch = row_changed(rows, stride, off, pos[i], node[i], npages[i], region, i);
-		changed[i] = (uint8_t)ch;
-		nch += ch;
-	}
-	return nch;
 }
 
 /* One row takes one unit's accesses, as add_accesses below describes. */
@@ -125,6 +90,81 @@ static inline void add_row(uint8_t *rows, int64_t stride, const int64_t *off, in
 		*joined = (*flags & F_CAND) == 0;
 		*flags |= F_CAND;
 	}
+}
+
+/* The accesses a lookup adds (lookup_add), NULL for none (lookup_rows). */
+struct accesses {
+	const uint32_t *count;
+	const float *rate;
+	float scale;
+	int32_t interval, cand;
+	int64_t *acc;
+	float *before;
+	uint8_t *joined;
+	int64_t n; /* how many went to acc, before and joined */
+};
+
+/* The walk both lookups share, one pass over the read's keys and their rows: each key's place
+ * (find_key, from the last key's), its row fetched, and AHEAD keys behind, a found row compared
+ * with the read's node, size and region flag and, with add, an unchanged one given its
+ * accesses. Returns how many changed, or -1 (nothing written that counts: x is checked before
+ * a row is written) when x is not strictly increasing. */
+static inline int64_t lookup_walk(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m,
+				  uint8_t *rows, int64_t stride, const int64_t *off,
+				  const int16_t *node, const uint16_t *npages,
+				  const uint8_t *region, int64_t *pos, uint8_t *found,
+				  uint8_t *changed, struct accesses *add)
+{
+	int64_t nch = 0, k = 0, lo = 0;
+	for (int64_t i = 1; i < m; i++)
+		if (x[i] <= x[i - 1])
+			return -1;
+	for (int64_t t = 0; t < m + AHEAD; t++) {
+		if (t < m) { /* the key AHEAD rows on: its place, its row fetched */
+			uint64_t v = x[t];
+			lo = find_key(keys, n, v, lo);
+			pos[t] = lo;
+			found[t] = lo < n && keys[lo] == v;
+			if (found[t]) {
+				PREFETCH_ROW(rows, stride, lo);
+				lo++; /* the next key lies past this one */
+			}
+		}
+		int64_t i = t - AHEAD;
+		if (i < 0)
+			continue;
+		changed[i] = 0;
+		if (!found[i])
+			continue;
+		int64_t j = pos[i];
+		int ch = row_changed(rows, stride, off, j, node[i], npages[i], region, i);
+		changed[i] = (uint8_t)ch;
+		nch += ch;
+		if (!add || ch || !(add->count[i] > 0 || add->rate[i] > 0))
+			continue;
+		add_row(rows, stride, off, j, add->count[i], add->rate[i], add->scale,
+			add->interval, add->cand, add->before + k, add->joined + k);
+		add->acc[k++] = j;
+	}
+	if (add)
+		add->n = k;
+	return nch;
+}
+
+/* lookup_rows(keys, n, x, m, rows, stride, off, node, npages, region, pos, found, changed):
+ * for sorted unique keys[n] (the rows' keys) and strictly increasing x[m] (a read's keys):
+ * pos[i] = np.searchsorted(keys, x[i]), found[i] whether keys[pos[i]] == x[i], and for a found
+ * one changed[i] whether the read's node or npages (or, region not NULL, region flag) differ
+ * from the row's. Each search starts from the last key's place.
+ * Returns how many changed, or -1 (nothing written that counts) when x is not strictly
+ * increasing: the caller takes numpy's way. */
+int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m,
+		    const uint8_t *rows, int64_t stride, const int64_t *off, const int16_t *node,
+		    const uint16_t *npages, const uint8_t *region, int64_t *pos, uint8_t *found,
+		    uint8_t *changed)
+{
+	return lookup_walk(keys, n, x, m, (uint8_t *)rows, stride, off, node, npages, region, pos,
+			   found, changed, NULL);
 }
 
 /* add_accesses(rows, stride, off, idx, m, count, rate, scale, interval, cand, acc, before,
@@ -164,26 +204,10 @@ int64_t lookup_add(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m
 		   uint8_t *found, uint8_t *changed, int64_t *acc, float *before, uint8_t *joined,
 		   int64_t *nacc)
 {
-	int64_t nch = 0, k = 0;
-	if (find_keys(keys, n, x, m, pos, found))
-		return -1;
-	for (int64_t i = 0; i < m; i++) {
-		if (i + AHEAD < m && found[i + AHEAD])
-			PREFETCH_ROW(rows, stride, pos[i + AHEAD]);
-		changed[i] = 0;
-		if (!found[i])
-			continue;
-		int64_t j = pos[i];
-		int ch = row_changed(rows, stride, off, j, node[i], npages[i], region, i);
-		changed[i] = (uint8_t)ch;
-		nch += ch;
-		if (ch || !(count[i] > 0 || rate[i] > 0))
-			continue;
-		add_row(rows, stride, off, j, count[i], rate[i], scale, interval, cand, before + k,
-			joined + k);
-		acc[k++] = j;
-	}
-	*nacc = k;
+	struct accesses add = {count, rate, scale, interval, cand, acc, before, joined, 0};
+	int64_t nch = lookup_walk(keys, n, x, m, rows, stride, off, node, npages, region, pos,
+				  found, changed, &add);
+	*nacc = add.n;
 	return nch;
 }
 
