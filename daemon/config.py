@@ -7,7 +7,9 @@ and where it came from. Sizes are bytes, as an integer or a string such as "96M"
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,21 +219,35 @@ def check_nodes(cfg: Config, root: Path = NODE_ROOT) -> None:
             )
 
 
-def zone_sums(node: int, text: str | None = None) -> dict[str, int]:
+def zone_sums(node: int, text: str | None = None,
+              names: tuple[str, ...] | None = None) -> dict[str, int]:
     """The two-field lines ("high 256", "count: 7") of ``node``'s zones in /proc/zoneinfo (or
     ``text``), each name's values summed over the zones (and their per-CPU pagesets): one walk
-    for every field the daemon reads."""
+    for every field the daemon reads. ``names``: those names' lines only (a walk that looks for
+    them alone: /proc/zoneinfo has a pageset for each CPU in each zone)."""
     if text is None:
         text = Path("/proc/zoneinfo").read_text()
     sums: dict[str, int] = {}
+    lines = None if names is None else _zone_lines(tuple(names))
     for section in ("\n" + text).split("\nNode ")[1:]:  # "0, zone   Normal\n  pages free ..."
         if int(section[:section.index(",")]) != node:
+            continue
+        if lines is not None:
+            for name, value in lines.findall(section):
+                sums[name] = sums.get(name, 0) + int(value)
             continue
         for line in section.splitlines()[1:]:
             parts = line.split()
             if len(parts) == 2 and parts[1].lstrip("-").isdigit():  # not "per-node stats"
                 sums[parts[0]] = sums.get(parts[0], 0) + int(parts[1])
     return sums
+
+
+@functools.lru_cache(maxsize=8)
+def _zone_lines(names: tuple[str, ...]) -> re.Pattern:
+    """The two-field lines of zone_sums whose name is one of ``names``."""
+    alt = "|".join(re.escape(n) for n in names)
+    return re.compile(rf"^[ \t]*({alt})[ \t]+(-?[0-9]+)[ \t]*$", re.M)
 
 
 def zone_watermark(node: int, name: str = "high", text: str | None = None,
@@ -248,6 +264,31 @@ def zone_pcp_pages(node: int, text: str | None = None, sums: dict[str, int] | No
     them out until a list drains back."""
     sums = zone_sums(node, text) if sums is None else sums
     return sums.get("count:", 0)
+
+
+def read_bytes(path: Path | str) -> bytes:
+    """A small kernel file's content, read without Python's buffered and text layers: the
+    daemon reads the fast node's meminfo and /proc/zoneinfo twice a step."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def node_memfree(node: int, root: Path = NODE_ROOT) -> int:
+    """Bytes: ``node_meminfo(node, root)["MemFree"]``, the one field the room needs, without
+    the rest of the file parsed (KeyError when it has none)."""
+    text = read_bytes(os.path.join(root, f"node{node}", "meminfo"))
+    at = text.find(b" MemFree:")
+    if at < 0:
+        raise KeyError("MemFree")
+    end = text.find(b"\n", at)
+    parts = (text[at:] if end < 0 else text[at:end]).split()
+    return int(parts[1]) * (1024 if parts[-1] == b"kB" else 1)
 
 
 def node_meminfo(node: int, root: Path = NODE_ROOT) -> dict[str, int]:

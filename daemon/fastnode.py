@@ -18,6 +18,8 @@ from pagetier.daemon import config as config_mod
 # allocate between the daemon's reading of the room and its moves
 ROOM_MARGIN = 1 * MB
 NO_LIMIT = 1 << 62
+# what the room reads of /proc/zoneinfo: the high watermark and the per-CPU lists' free pages
+ZONE_FIELDS = ("high", "count:")
 
 
 class FastNode:
@@ -76,8 +78,9 @@ class FastNode:
         cfg = self.cfg()
         fast = cfg.fast_node
         try:
-            free = config_mod.node_meminfo(fast, cfg.node_root)["MemFree"]
-            zones = config_mod.zone_sums(fast, cfg.zoneinfo.read_text())  # one walk for both
+            free = config_mod.node_memfree(fast, cfg.node_root)
+            zones = config_mod.zone_sums(fast, config_mod.read_bytes(cfg.zoneinfo).decode(),
+                                         ZONE_FIELDS)  # one walk for both
             high = config_mod.zone_watermark(fast, "high", page_size=PAGE_SIZE, sums=zones)
             pcp = config_mod.zone_pcp_pages(fast, sums=zones)
         except (OSError, KeyError, ValueError):

@@ -228,6 +228,13 @@ def test_node_meminfo(tmp_path):
     (tmp_path / "node0" / "meminfo").write_text(
         "Node 0 MemTotal:        2048000 kB\nNode 0 MemFree:          1024000 kB\n")
     assert config_mod.node_meminfo(0, tmp_path)["MemFree"] == 1024000 * 1024
+    assert config_mod.node_memfree(0, tmp_path) == 1024000 * 1024
+    (tmp_path / "node0" / "meminfo").write_text("Node 0 MemTotal:  2048000 kB\n"
+                                                "Node 0 MemFree:   77 kB")  # the last line
+    assert config_mod.node_memfree(0, tmp_path) == 77 * 1024
+    (tmp_path / "node0" / "meminfo").write_text("Node 0 MemTotal:  2048000 kB\n")
+    with pytest.raises(KeyError):
+        config_mod.node_memfree(0, tmp_path)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -1086,6 +1093,10 @@ def test_per_cpu_free_pages_from_zoneinfo():
     zones = config_mod.zone_sums(0, text)  # one walk, both read from it
     assert config_mod.zone_pcp_pages(0, sums=zones) == 2048 + 7
     assert config_mod.zone_watermark(0, "high", sums=zones) == 256 * 4096
+    # the walk for some names only finds the same sums of those (not "high:" for "high")
+    assert config_mod.zone_sums(0, text, ("high", "count:")) == {"high": 256, "count:": 2055}
+    assert config_mod.zone_sums(1, text, ("high", "count:")) == {"count:": 99}
+    assert config_mod.zone_sums(0, text, ("batch:",)) == {"batch:": 63}
 
 
 def test_promotions_stop_at_the_fast_nodes_high_watermark(tmp_path, caplog):
