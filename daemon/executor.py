@@ -215,11 +215,16 @@ class Executor:
             if gone is False:
                 raise
             return "gone" if gone else "skip"
-        code = np.full(len(sel), -1, np.int64)
-        for c, name in enumerate(self._OUTCOMES):
-            code[getattr(res, name)] = c
-        tried = code >= 0  # every unit has an outcome; keep only those that do
-        done.append((sel[tried], code[tried], getattr(res, "region_pages", None) or {}))
+        rp = getattr(res, "region_pages", None) or {}
+        if len(res.moved) == len(sel) and not any(len(getattr(res, name))
+                                                  for name in self._OUTCOMES[1:]):
+            done.append((sel, np.zeros(len(sel), np.int64), rp))  # all moved: the usual call
+        else:
+            code = np.full(len(sel), -1, np.int64)
+            for c, name in enumerate(self._OUTCOMES):
+                code[getattr(res, name)] = c
+            tried = code >= 0  # every unit has an outcome; keep only those that do
+            done.append((sel[tried], code[tried], rp))
         for k, v in res.errors.items():
             acc["errors"][k] = acc["errors"].get(k, 0) + v
         return "full" if res.stopped else None
