@@ -285,9 +285,10 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         # stuck units (the kernel refused their last move) are not planned for
         slow_wanted = hot.desired[~fast[hot.desired]]
         in_set[slow_wanted[view.stuck(u.idx[slow_wanted])]] = False
-        med, bar = exchange_bar(score[hot.desired], u.npages[hot.desired], u.npages, c)
+        desired_score, dsize = score[hot.desired], u.npages[hot.desired]
+        med, bar = exchange_bar(desired_score, dsize, u.npages, c)
         ok, steady, prev, young = self._fill_verdicts(u, hot, score, in_set & ~fast, med, bar,
-                                                      view, seen_now)
+                                                      view, seen_now, desired_score, dsize)
         f = Frame(npages=u.npages, score=score, bar=bar, order=hot.order, in_set=in_set,
                   fast=fast, fill_ok=ok, recent=recent, within=within, counted=counted,
                   fast_idx=fast_idx, steady=steady, prev=prev, per=per,
@@ -295,9 +296,11 @@ class Heuristic(PhaseWatch, Throttle, Policy):
                   must=must)
         return f, young
 
-    def _fill_verdicts(self, u, hot, score, slow_in_set, med, bar, view, seen_now):
+    def _fill_verdicts(self, u, hot, score, slow_in_set, med, bar, view, seen_now,
+                       desired_score, dsize):
         """(which units may fill free room, the heat an exchange judges them on or None, their
-        heat after the last read or None, whether the read is young or the one after it)."""
+        heat after the last read or None, whether the read is young or the one after it).
+        ``desired_score``, ``dsize``: ``score`` and ``u.npages`` at ``hot.desired``."""
         c = self.config
         decay = view.decay
         fc = np.flatnonzero(slow_in_set)  # the hot set's units a promotion can take
@@ -306,7 +309,6 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         steady = prev = None
         young_test = False
         if u.rate is not None and decay > 0:
-            desired_score, dsize = score[hot.desired], u.npages[hot.desired]
             before, prev = heat_before(u.heat, u.rate, decay)
             prev_d = prev[hot.desired]
             if c.sustained_exchange and not seen_now:

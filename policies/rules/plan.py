@@ -82,8 +82,8 @@ def which_limit(f: Frame, plan: Plan, cap_moves: int, cap_low: int, node_bound: 
     # (a mask of the promotions: np.setdiff1d would sort both sides)
     promoted = np.zeros(len(npages), bool)
     promoted[p] = True
-    off = f.order[~f.fast[f.order]]  # hot units still off the fast node after this decision
-    off = off[~promoted[off]]
+    # hot units still off the fast node after this decision: one mask, gathered once
+    off = f.order[(~f.fast & ~promoted)[f.order]]
     if not len(off):
         return None
     left = plan.promo[~promoted[plan.promo]]
