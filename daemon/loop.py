@@ -364,8 +364,7 @@ class Daemon:
         read: pagetier.ko's reads miss most units now and then, and the first read after a
         program moves to new memory finds its units counted but not yet probed). A re-read that
         is partial again is taken as it is: the program accesses fewer units now."""
-        touched = st.touched()
-        n = st.rated(touched)
+        n = st.rated()  # the touched units with a rate, counted in the merge
         partial = not early and n < PARTIAL_READ * self._accessed
         if not partial:
             self._accessed = n

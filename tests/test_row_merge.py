@@ -273,3 +273,25 @@ def test_in_candidates_is_the_flag(compiled, monkeypatch):
     assert got.any() and not got.all()
     np.testing.assert_array_equal(got, (st.flags[idx] & 8) != 0)  # F_CAND
     assert row_merge.has_flag(st.a, np.array([len(st)]), 8) is None
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_rated_count_kept_by_the_merges_matches_the_rows(compiled, monkeypatch, native):
+    """rated's count, kept as the reads are merged, is the touched units with a rate after
+    every read: reads that bring new units, change nodes and sizes, make regions that cover
+    units (forgotten), complete reads that forget unmapped units, and intervals with a second
+    read before the next begin_interval (an early read shares its interval's rates)."""
+    monkeypatch.setattr(row_merge, "_LIB", compiled if native else None)
+    st = PageState(decay=0.5)
+    for i, rs in enumerate(reads(5)):
+        if i % 3 != 2:
+            st.begin_interval()
+        for s, kw in rs:
+            st.update(s, **kw)
+            t = st.touched()
+            assert st.rated() == int(np.count_nonzero(st.rate[t] > 0))
+        st.hotter_than(1.0)
+    assert st.rated() > 0
+    fresh = PageState(decay=0.5)
+    fresh.a = st.a.copy()  # rows set from outside: counted from them
+    assert fresh.rated() == int(np.count_nonzero(st.a["rate"] > 0))

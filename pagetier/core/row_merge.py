@@ -50,12 +50,12 @@ class _Lib:
         self.lookup_rows.restype = _N
         self.add_accesses = lib.add_accesses
         self.add_accesses.argtypes = [_P, _N, _P, _P, _N, _P, _P, ctypes.c_float,
-                                      ctypes.c_int32, ctypes.c_int32, _P, _P, _P]
+                                      ctypes.c_int32, ctypes.c_int32, _P, _P, _P, _P]
         self.add_accesses.restype = _N
         self.lookup_add = lib.lookup_add
         self.lookup_add.argtypes = [_P, _N, _P, _N, _P, _N, _P, _P, _P, _P, _P, _P,
                                     ctypes.c_float, ctypes.c_int32, ctypes.c_int32, _P, _P, _P,
-                                    _P, _P, _P, _P]
+                                    _P, _P, _P, _P, _P]
         self.lookup_add.restype = _N
         self.prune = lib.prune
         self.prune.argtypes = [_P, _N, _P, _P, _N, ctypes.c_float, ctypes.c_float, _P]
@@ -147,12 +147,13 @@ def lookup_rows(keys: np.ndarray, x: np.ndarray, a: np.ndarray, node: np.ndarray
 
 def lookup_add(keys: np.ndarray, x: np.ndarray, a: np.ndarray, node: np.ndarray,
                npages: np.ndarray, region: np.ndarray | None, count: np.ndarray,
-               rate: np.ndarray, scale: np.float32, interval: int, cand: bool):
+               rate: np.ndarray, scale: np.float32, interval: int, cand: bool,
+               rated: np.ndarray | None = None):
     """:func:`lookup_rows` and, in the same pass over the rows, :func:`add_accesses` of the
     found units that did not change (``count``, ``rate``: the read's, for each of ``x``):
     (pos, found, changed, then add_accesses' result for those units). The changed units'
-    accesses are not added: the caller gives them their new node first, then adds them. None
-    when the library cannot do it."""
+    accesses are not added: the caller gives them their new node first, then adds them.
+    ``rated`` as in :func:`add_accesses`. None when the library cannot do it."""
     lay = _layout(a)
     args = (_c(keys, np.uint64), _c(x, np.uint64), _c(node, np.int16), _c(npages, np.uint16),
             _c(count, np.uint32), _c(rate, np.float32))
@@ -171,25 +172,31 @@ def lookup_add(keys: np.ndarray, x: np.ndarray, a: np.ndarray, node: np.ndarray,
     before = np.empty(m, np.float32)
     joined = np.empty(m, bool)
     nacc = np.zeros(1, np.int64)
+    out = _rated_out(rated)
     k = _LIB.lookup_add(keys.ctypes.data, len(keys), x.ctypes.data, m, a.ctypes.data, lay[1],
                         lay[0].ctypes.data, node.ctypes.data, npages.ctypes.data,
                         None if reg is None else reg.ctypes.data, count.ctypes.data,
                         rate.ctypes.data, float(scale), int(interval), int(cand),
                         pos.ctypes.data, found.ctypes.data, changed.ctypes.data, acc.ctypes.data,
-                        before.ctypes.data, joined.ctypes.data, nacc.ctypes.data)
+                        before.ctypes.data, joined.ctypes.data, nacc.ctypes.data,
+                        out.ctypes.data)
     if k < 0:
         return None
+    if rated is not None:
+        rated += out
     n = int(nacc[0])
     return pos, found, changed, (acc[:n], before[:n], joined[:n] if cand else None)
 
 
 def add_accesses(a: np.ndarray, idx: np.ndarray, count: np.ndarray, rate: np.ndarray,
-                 scale: np.float32, interval: int, cand: bool):
+                 scale: np.float32, interval: int, cand: bool,
+                 rated: np.ndarray | None = None):
     """Rows ``idx`` (int64, sorted unique) of ``a`` with ``count[i] > 0`` or ``rate[i] > 0``
     take the accesses in place: count and rate added, heat plus rate / scale, last access
     ``interval``; with ``cand``, their candidate flag set. Returns (their indices, their
     stored heat before, whether each joined the candidates: None without ``cand``), or None
-    when the library cannot do it."""
+    when the library cannot do it. ``rated`` (int64, one element), when given, grows by how
+    many more of the rows have a rate above 0 (the rows with a rate, counted as merged)."""
     lay = _layout(a)
     idx, count, rate = _c(idx, np.int64), _c(count, np.uint32), _c(rate, np.float32)
     if lay is None or idx is None or count is None or rate is None:
@@ -198,10 +205,21 @@ def add_accesses(a: np.ndarray, idx: np.ndarray, count: np.ndarray, rate: np.nda
     acc = np.empty(m, np.int64)
     before = np.empty(m, np.float32)
     joined = np.empty(m, bool)
+    out = _rated_out(rated)
     k = _LIB.add_accesses(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data, m,
                           count.ctypes.data, rate.ctypes.data, float(scale), int(interval),
-                          int(cand), acc.ctypes.data, before.ctypes.data, joined.ctypes.data)
+                          int(cand), acc.ctypes.data, before.ctypes.data, joined.ctypes.data,
+                          out.ctypes.data)
+    if rated is not None:
+        rated += out
     return acc[:k], before[:k], (joined[:k] if cand else None)
+
+
+def _rated_out(rated: np.ndarray | None) -> np.ndarray:
+    """The library's counter for ``rated``: a zeroed int64 of one element."""
+    if rated is not None and (rated.dtype != np.int64 or rated.shape != (1,)):
+        raise ValueError("rated: an int64 array of one element")
+    return np.zeros(1, np.int64)
 
 
 def prune(a: np.ndarray, cand: np.ndarray, scale: np.float32, floor: np.float32):

@@ -259,6 +259,9 @@ class PageState:
         self._a = value
         self._k = None  # sorted keys, or None
         self._touched = None  # sorted indices merged in this interval; None: unknown
+        # how many units have a rate in this interval, counted as they are merged (rated);
+        # None: unknown (counted from the rows when asked)
+        self._rated = None
         self._recent = None  # the last interval's touched units: where to look up first
         self._direct = 0  # lookups left that search every unit's key directly (see _lookup)
         self._node_pages = None  # pages per target and node + 1, and the unmovable ones
@@ -421,8 +424,14 @@ class PageState:
             self._touched = np.flatnonzero((a["count"] > 0) | (a["rate"] > 0))
         return self._touched
 
-    def rated(self, idx: np.ndarray) -> int:
-        """How many of units ``idx`` (e.g. :meth:`touched`) have a rate in this interval."""
+    def rated(self, idx: np.ndarray | None = None) -> int:
+        """How many of units ``idx`` (default: :meth:`touched`) have a rate in this interval.
+        By default the count the merges kept since :meth:`begin_interval`, when they kept one
+        (no pass over the touched rows)."""
+        if idx is None:
+            if self._rated is not None:
+                return self._rated
+            idx = self.touched()
         n = row_merge.count_rated(self._a, idx)
         if n is None:
             n = int(np.count_nonzero(self._a["rate"][idx] > 0)) if len(idx) else 0
@@ -685,6 +694,7 @@ class PageState:
                 a["rate"][t] = 0
         self._recent = t
         self._touched = np.zeros(0, np.int64)
+        self._rated = 0  # every rate was cleared
 
     def update(self, sample: Sample, trust_moves: int = 0, interval_s: float = 1.0,
                elapsed_s: float | None = None, max_count: int | None = None) -> None:
@@ -758,8 +768,9 @@ class PageState:
         """Merge a read's units that exist (``keys`` sorted): their nodes and sizes, then their
         accesses. Returns (each key's unit or where it would go, whether it exists)."""
         scale, cand = np.float32(self.scale), self._cand is not None
+        rated = np.zeros(1, np.int64)
         got = row_merge.lookup_add(self.keys(), keys, self._a, node, npages, region, count,
-                                   rate, scale, self.interval, cand)
+                                   rate, scale, self.interval, cand, rated)
         if got is not None:  # compiled: the lookup and the unchanged units' accesses, one pass
             pos, found, changed, added = got
             if changed.any():  # their new node first, then their accesses
@@ -767,8 +778,9 @@ class PageState:
                 self._take_nodes(ch, node[changed], npages[changed], trust_moves,
                                  None if region is None else region[changed])
                 more = row_merge.add_accesses(self._a, ch, count[changed], rate[changed],
-                                              scale, self.interval, cand)
+                                              scale, self.interval, cand, rated)
                 added = _in_index_order(added, more)
+            self._count_rated(int(rated[0]))
             self._accessed(*added)
             return pos, found
         got = row_merge.lookup_rows(self.keys(), keys, self._a, node, npages, region)
@@ -833,6 +845,7 @@ class PageState:
         n["addr"] = addr
         n["count"] = count
         n["rate"] = rate
+        self._count_rated(int(np.count_nonzero(n["rate"] > 0)))
         n["heat"] = rate / np.float32(self.scale)
         hit = (count > 0) | (rate > 0)
         n["last_access"] = np.where(hit, self.interval, NEVER)
@@ -952,7 +965,9 @@ class PageState:
         col = r["count"]
         col += count
         col = r["rate"]
+        was = int(np.count_nonzero(col > 0))
         col += rate
+        self._count_rated(int(np.count_nonzero(col > 0)) - was)
         before = r["heat"].copy()
         r["heat"] = before + rate / np.float32(self.scale)
         r["last_access"] = self.interval
@@ -966,13 +981,20 @@ class PageState:
                              rate: np.ndarray) -> None:
         """:meth:`_add_accesses` of units ``idx`` (sorted unique) with a count or a rate, in
         one compiled pass over their rows (pagetier.core.row_merge), or by numpy."""
+        rated = np.zeros(1, np.int64)
         got = row_merge.add_accesses(self._a, idx, count, rate, np.float32(self.scale),
-                                     self.interval, self._cand is not None)
+                                     self.interval, self._cand is not None, rated)
         if got is None:
             hit = (count > 0) | (rate > 0)
             self._add_accesses(*_kept(hit, idx, count, rate))
             return
+        self._count_rated(int(rated[0]))
         self._accessed(*got)
+
+    def _count_rated(self, more: int) -> None:
+        """``more`` units have a rate than before (rated's count, when kept)."""
+        if self._rated is not None:
+            self._rated += more
 
     def _accessed(self, acc: np.ndarray, before: np.ndarray, joined: np.ndarray | None) -> None:
         """The bookkeeping of units ``acc`` (sorted unique) that took accesses in their rows
@@ -1074,6 +1096,8 @@ class PageState:
         if not len(gone):
             return
         self._account(gone, -1)
+        if self._rated is not None:
+            self._rated -= int(np.count_nonzero(self._a["rate"][gone] > 0))
         if self._cand is not None:
             c = self._cand
             inside = _member(c, gone)

@@ -73,15 +73,19 @@ static inline int row_changed(const uint8_t *rows, int64_t stride, const int64_t
 	return ch;
 }
 
-/* One row takes one unit's accesses, as add_accesses below describes. */
+/* One row takes one unit's accesses, as add_accesses below describes; *rated grows by 1 when
+ * its rate went above 0 (and falls by 1 when it went from above 0 to 0 or under). */
 static inline void add_row(uint8_t *rows, int64_t stride, const int64_t *off, int64_t j,
 			   uint32_t count, float rate, float scale, int32_t interval, int32_t cand,
-			   float *before, uint8_t *joined)
+			   float *before, uint8_t *joined, int64_t *rated)
 {
 	float *heat = FIELD(rows, stride, j, off[OFF_HEAT], float);
+	float *r = FIELD(rows, stride, j, off[OFF_RATE], float);
 	float add = rate / scale;
+	int was = *r > 0;
 	*FIELD(rows, stride, j, off[OFF_COUNT], uint32_t) += count;
-	*FIELD(rows, stride, j, off[OFF_RATE], float) += rate;
+	*r += rate;
+	*rated += (int64_t)(*r > 0) - was;
 	*before = *heat;
 	*heat = *heat + add;
 	*FIELD(rows, stride, j, off[OFF_LAST_ACCESS], int32_t) = interval;
@@ -102,6 +106,7 @@ struct accesses {
 	float *before;
 	uint8_t *joined;
 	int64_t n; /* how many went to acc, before and joined */
+	int64_t rated; /* rows with a rate above 0: how many more than before */
 };
 
 /* The walk both lookups share, one pass over the read's keys and their rows: each key's place
@@ -143,7 +148,7 @@ static inline int64_t lookup_walk(const uint64_t *keys, int64_t n, const uint64_
 		if (!add || ch || !(add->count[i] > 0 || add->rate[i] > 0))
 			continue;
 		add_row(rows, stride, off, j, add->count[i], add->rate[i], add->scale,
-			add->interval, add->cand, add->before + k, add->joined + k);
+			add->interval, add->cand, add->before + k, add->joined + k, &add->rated);
 		add->acc[k++] = j;
 	}
 	if (add)
@@ -168,14 +173,17 @@ int64_t lookup_rows(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t 
 }
 
 /* add_accesses(rows, stride, off, idx, m, count, rate, scale, interval, cand, acc, before,
- * joined): rows idx[m] (sorted unique) take a read's accesses: those with count[i] > 0 or
+ * joined, rated): rows idx[m] (sorted unique) take a read's accesses: those with count[i] > 0 or
  * rate[i] > 0 get count += count[i], rate += rate[i], heat += rate[i] / scale (heat is
  * stored divided by the global scale), last_access = interval. Their indices go to acc, their
  * stored heat before to before; with cand set, joined[k] says whether acc[k] was outside the
- * candidate set (its F_CAND flag clear; now set). Returns how many were accessed. */
+ * candidate set (its F_CAND flag clear; now set); *rated grows by how many more of the rows have
+ * a rate above 0 (the read-again check's count, pagetier/core/state.py). Returns how many were
+ * accessed. */
 int64_t add_accesses(uint8_t *rows, int64_t stride, const int64_t *off, const int64_t *idx,
 		     int64_t m, const uint32_t *count, const float *rate, float scale,
-		     int32_t interval, int32_t cand, int64_t *acc, float *before, uint8_t *joined)
+		     int32_t interval, int32_t cand, int64_t *acc, float *before, uint8_t *joined,
+		     int64_t *rated)
 {
 	int64_t k = 0;
 	for (int64_t i = 0; i < m; i++) {
@@ -184,30 +192,31 @@ int64_t add_accesses(uint8_t *rows, int64_t stride, const int64_t *off, const in
 		if (!(count[i] > 0 || rate[i] > 0))
 			continue;
 		add_row(rows, stride, off, idx[i], count[i], rate[i], scale, interval, cand,
-			before + k, joined + k);
+			before + k, joined + k, rated);
 		acc[k++] = idx[i];
 	}
 	return k;
 }
 
 /* lookup_add(keys, n, x, m, rows, stride, off, node, npages, region, count, rate, scale,
- * interval, cand, pos, found, changed, acc, before, joined, nacc): lookup_rows, and in the
- * same pass over the rows add_accesses for the found units whose node, size and region flag
- * are unchanged (their accesses do not depend on the new node; the changed ones take their
- * node first, then their accesses, from the caller). *nacc: how many went to acc, before and
- * joined. Returns how many changed, or -1 (nothing written) when x is not strictly
- * increasing. */
+ * interval, cand, pos, found, changed, acc, before, joined, nacc, rated): lookup_rows, and in
+ * the same pass over the rows add_accesses for the found units whose node, size and region
+ * flag are unchanged (their accesses do not depend on the new node; the changed ones take
+ * their node first, then their accesses, from the caller). *nacc: how many went to acc, before
+ * and joined; *rated grows as add_accesses says. Returns how many changed, or -1 (nothing
+ * written) when x is not strictly increasing. */
 int64_t lookup_add(const uint64_t *keys, int64_t n, const uint64_t *x, int64_t m,
 		   uint8_t *rows, int64_t stride, const int64_t *off, const int16_t *node,
 		   const uint16_t *npages, const uint8_t *region, const uint32_t *count,
 		   const float *rate, float scale, int32_t interval, int32_t cand, int64_t *pos,
 		   uint8_t *found, uint8_t *changed, int64_t *acc, float *before, uint8_t *joined,
-		   int64_t *nacc)
+		   int64_t *nacc, int64_t *rated)
 {
-	struct accesses add = {count, rate, scale, interval, cand, acc, before, joined, 0};
+	struct accesses add = {count, rate, scale, interval, cand, acc, before, joined, 0, 0};
 	int64_t nch = lookup_walk(keys, n, x, m, rows, stride, off, node, npages, region, pos,
 				  found, changed, &add);
 	*nacc = add.n;
+	*rated += add.rated;
 	return nch;
 }
 
