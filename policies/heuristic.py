@@ -131,8 +131,8 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         per = u.npages if c.per_page else np.ones(len(u), np.int64)
         fast_idx = coldest_first(fast_idx, score, per)
         fast_idx = fast_idx[~view.stuck(u.idx[fast_idx])]
-        f, young_test = self._frame(view, u, hot, score, fast, fast_idx, per, used, must, cap,
-                                    seen_now)
+        f, young_test, (desired_score, dsize, fast_d) = self._frame(
+            view, u, hot, score, fast, fast_idx, per, used, must, cap, seen_now)
 
         after_change = self._since_change is not None and self._since_change < c.thrash_window
         reasons = (["oversubscribed"] if oversubscribed(after_change, hot.pages, cap.holds,
@@ -174,11 +174,11 @@ class Heuristic(PhaseWatch, Throttle, Policy):
             "ranked_by": "rate" if seen_now else "heat", "phase_check": self._phase_check,
             "jaccard": jaccard, "interval_scale": interval_scale(pattern, change, bool(reasons)),
             "throttled": bool(reasons), "throttle_reasons": reasons, "limit": limit,
-            "hot_threshold": float(score[hot.desired].min()) if len(hot.desired) else None,
+            "hot_threshold": float(desired_score.min()) if len(hot.desired) else None,
             "reference_heat": round(hot.ref, 3), "noise_floor": round(hot.floor, 3),
             "hot_pages": hot.pages, "hot_set_pages": hot.desired_pages,
             # of the hot set, the pages on the fast node before this interval's moves
-            "hot_set_fast_pages": int(u.npages[hot.desired][fast[hot.desired]].sum()),
+            "hot_set_fast_pages": int(dsize[fast_d].sum()),
             "fast_capacity": cap.node, "fast_used": used,
             "fast_after": used + promoted - demoted,
             "promote_pages": promoted, "demote_pages": demoted,
@@ -272,7 +272,9 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         return np.searchsorted(u.idx, pool), pool_sorted
 
     def _frame(self, view, u, hot, score, fast, fast_idx, per, used, must, cap, seen_now):
-        """(what the plans are made from, whether this read is young or the one after it)."""
+        """(what the plans are made from, whether this read is young or the one after it, and
+        the hot set's heat, sizes and whether on the fast node: ``score``, ``u.npages`` and
+        ``fast`` at ``hot.desired``, gathered once)."""
         c = self.config
         recent, within = movers(u.last_move, view.interval, c)
         in_set = np.zeros(len(u), bool)
@@ -283,7 +285,8 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         if c.follow_change:  # the reads after a phase change finish its exchange
             counted = counted & ~self._change_units(u, fast)
         # stuck units (the kernel refused their last move) are not planned for
-        slow_wanted = hot.desired[~fast[hot.desired]]
+        fast_d = fast[hot.desired]
+        slow_wanted = hot.desired[~fast_d]
         in_set[slow_wanted[view.stuck(u.idx[slow_wanted])]] = False
         desired_score, dsize = score[hot.desired], u.npages[hot.desired]
         med, bar = exchange_bar(desired_score, dsize, u.npages, c)
@@ -294,7 +297,7 @@ class Heuristic(PhaseWatch, Throttle, Policy):
                   fast_idx=fast_idx, steady=steady, prev=prev, per=per,
                   gap=c.gap_ratio * hot.ref, used=used, budget=cap.budget, cap_high=cap.high,
                   must=must)
-        return f, young
+        return f, young, (desired_score, dsize, fast_d)
 
     def _fill_verdicts(self, u, hot, score, slow_in_set, med, bar, view, seen_now,
                        desired_score, dsize):
