@@ -123,6 +123,7 @@ def make_run_cgroup(profiler: str) -> Path | None:
     if own is None:
         return None
     parent = own.parent if own != CGROUP_ROOT else CGROUP_ROOT
+    remove_stale_run_cgroups(parent)
     path = parent / f"pagetier-run-{os.getpid()}"
     try:
         path.mkdir()
@@ -131,6 +132,29 @@ def make_run_cgroup(profiler: str) -> Path | None:
                  e.strerror)
         return None
     return path
+
+
+def remove_stale_run_cgroups(parent: Path) -> None:
+    """Remove the empty cgroups that ``pagetier run`` daemons left in ``parent`` when they died
+    without removing them (SIGKILL): ``pagetier-run-PID`` where no process PID runs. One that
+    still holds processes (the dead daemon's command, its orphans) is left as it is."""
+    for path in parent.glob("pagetier-run-*"):
+        try:
+            pid = int(path.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # its daemon (or a process that took its pid) runs
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            path.rmdir()
+        except OSError:  # processes still in it (EBUSY), or gone meanwhile
+            continue
+        log.warning("removed cgroup %s: pagetier pid %d died without removing it", path, pid)
 
 
 def enter(path: Path):

@@ -416,3 +416,25 @@ def test_status_text_lists_each_cgroup_against_its_budget():
     assert ("cgroup /sys/fs/cgroup/b.slice: 1 process, fast 0 MiB (a fair share), slow 24 MiB"
             in text)
     assert "metrics on 0.0.0.0:9464" in text
+
+
+def test_stale_run_cgroups_of_dead_daemons_are_removed(tmp_path, caplog):
+    """`pagetier run` removes the empty pagetier-run-PID cgroups of daemons that died (SIGKILL);
+    a live daemon's, one still holding processes and other names stay."""
+    import subprocess
+
+    from pagetier.daemon.cgroups import remove_stale_run_cgroups
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gone = tmp_path / f"pagetier-run-{dead.pid}"
+    live = tmp_path / f"pagetier-run-{os.getpid()}"
+    busy = tmp_path / f"pagetier-run-{dead.pid + 100000}"  # no such pid, but not empty
+    other = tmp_path / "pagetier-run-x"
+    for d in (gone, live, busy, other):
+        d.mkdir()
+    (busy / "cgroup.procs").write_text("123\n")
+    with caplog.at_level("WARNING"):
+        remove_stale_run_cgroups(tmp_path)
+    assert not gone.exists() and live.exists() and busy.exists() and other.exists()
+    assert f"removed cgroup {gone}: pagetier pid {dead.pid} died" in caplog.text

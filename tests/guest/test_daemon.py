@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,6 +170,8 @@ def test_sigterm_stops_cleanly(env, numab_on, tmp_path):
 
 
 def test_sigkill_then_next_start_restores(env, numab_on):
+    """SIGKILL `pagetier run`: numa_balancing stays as it set it and its command's cgroup stays;
+    the next `pagetier run` restores the one and removes the other."""
     cmd = [*PAGETIER, "run", "--interval", "1", "--", "sleep", "60"]
     d = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                          env=env, start_new_session=True)
@@ -179,11 +182,18 @@ def test_sigkill_then_next_start_restores(env, numab_on):
         assert NUMAB.read_text().strip() == "0"  # nobody restored it...
     finally:
         os.killpg(d.pid, signal.SIGKILL)  # the orphaned sleep
+    (left,) = Path("/sys/fs/cgroup").rglob(f"pagetier-run-{d.pid}")  # next to the daemon's own
+    for _ in range(100):  # the sleep's exit ends a moment after its SIGKILL
+        if not (left / "cgroup.procs").exists() or not (left / "cgroup.procs").read_text().strip():
+            break
+        time.sleep(0.1)
     r = subprocess.run([*PAGETIER, "run", "--interval", "1", "--", "true"], capture_output=True,
                        text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "died without restoring it" in r.stderr
     assert NUMAB.read_text().strip() == "1"  # ...until the next start
+    assert not left.exists(), r.stderr
+    assert f"removed cgroup {left}" in r.stderr
 
 
 def test_target_exit_status_passed_through(env, numab_on):
