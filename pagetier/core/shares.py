@@ -39,13 +39,20 @@ def members(state, pids) -> np.ndarray:
     return group_ids(state, [Group("", frozenset(pids), 0)]) == 0
 
 
-def group_ids(state, groups) -> np.ndarray:
-    """Per unit, the index of its target's group in ``groups`` (-1: none), in one pass."""
-    table = np.full(len(state.pids) + 1, -1, np.int64)
+def _target_groups(state, groups, extra: int = 0) -> np.ndarray:
+    """Per target index (and ``extra`` more slots at -1), the index of its group in ``groups``
+    (-1: none; a target in several groups takes the last)."""
+    table = np.full(len(state.pids) + extra, -1, np.int64)
     for i, g in enumerate(groups):
         for t, p in enumerate(state.pids):
             if p != -1 and p in g.pids:
                 table[t] = i
+    return table
+
+
+def group_ids(state, groups) -> np.ndarray:
+    """Per unit, the index of its target's group in ``groups`` (-1: none), in one pass."""
+    table = _target_groups(state, groups, extra=1)
     if not len(state):
         return np.zeros(0, np.int64)
     return table[state.target]
@@ -194,11 +201,7 @@ def usage(state, groups: list[Group], fast: int, slow: int) -> list[tuple[int, i
     counters (a target in several groups counts in the last, as :func:`group_ids` has it)."""
     f, u = state.target_pages(fast)
     s, _ = state.target_pages(slow)
-    table = np.full(len(state.pids), -1, np.int64)
-    for i, g in enumerate(groups):
-        for t, p in enumerate(state.pids):
-            if p != -1 and p in g.pids:
-                table[t] = i
+    table = _target_groups(state, groups)
     k = len(groups)
     m = table >= 0
     return [(int(a), int(b), int(c)) for a, b, c in
