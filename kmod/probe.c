@@ -227,8 +227,16 @@ static void probe_store(struct pagetier_target *t, const struct pagetier_probe_l
 	for (i = 0; i < l->nr; i++) {
 		unsigned long u = l->u[i], v, hits = (u & PU_HITS_MASK) >> PU_HITS_SHIFT;
 
-		xas_set(&xas, u >> PT_PU_SHIFT);
-		entry = xas_load(&xas);
+		/*
+		 * The list is in address order: a run of pages takes the next slot, not a descent
+		 * from the root (but not after an xas_pause(), which moved the index on itself).
+		 */
+		if (i % 1024 && (u >> PT_PU_SHIFT) == (l->u[i - 1] >> PT_PU_SHIFT) + 1) {
+			entry = xas_next(&xas);
+		} else {
+			xas_set(&xas, u >> PT_PU_SHIFT);
+			entry = xas_load(&xas);
+		}
 		if (!xa_is_value(entry))
 			continue; /* dropped meanwhile */
 		v = xa_to_value(entry) & ~PT_PROBE_MASK;

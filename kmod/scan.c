@@ -23,6 +23,7 @@ struct pt_seen {
 	bool young;  /* the mode saw it accessed (the first pass too, which counts nothing) */
 	u8 kind;     /* PT_KIND_* */
 	bool shared; /* mapped more than once */
+	bool listed; /* set by record_batch(): accessed in the last period, for the probes */
 };
 
 /* What the scan collects under one page-table lock; applied to the xarray after the unlock. */
@@ -110,36 +111,62 @@ static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 }
 
 /*
- * Store what the scan saw of one unit. Return: true if the unit was accessed in the last period
- * (its Accessed bit, or a fault or probe hit since the previous scan): the probes look at it.
+ * Store what the scan saw of a batch's units (one page table, or a huge mapping), under one hold
+ * of the xarray's lock: taken for each unit, the lock cost more than the stores. A unit whose
+ * entry needs a node the lock's non-sleeping allocation did not get is retried after an
+ * allocation that may sleep, with the lock dropped; one that finds no memory is left as it was.
+ * Sets each unit's ``listed``: accessed in the last period (its Accessed bit, or a fault or probe
+ * hit since the previous scan), so that the probes look at it.
  */
-static bool record(struct pagetier_target *t, const struct pt_seen *s, bool probing)
+static void record_batch(struct pagetier_target *t, struct scan_batch *b)
 {
-	XA_STATE(xas, &t->pages, s->index);
+	XA_STATE(xas, &t->pages, 0);
 	unsigned long old, v;
-	bool listed;
+	unsigned int i = 0;
 	void *entry;
 
-	do {
-		xas_lock(&xas);
-		entry = xas_load(&xas);
+	xas_lock(&xas);
+	while (i < b->n) {
+		struct pt_seen *s = &b->seen[i];
+
+		/* a table's pages come in address order: the next page's slot is the next one's */
+		if (i && s->index == b->seen[i - 1].index + 1 && !xas_error(&xas)) {
+			entry = xas_next(&xas);
+		} else {
+			xas_set(&xas, s->index);
+			entry = xas_load(&xas);
+		}
 		old = xa_is_value(entry) ? xa_to_value(entry) : 0;
-		listed = s->accessed || (old & PT_SEEN);
+		s->listed = s->accessed || (old & PT_SEEN);
 		v = (old & (PT_COUNT_MASK | PT_PROBE_MASK)) |
 		    ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) | (s->huge ? PT_HUGE : 0) |
 		    ((unsigned long)t->gen << PT_GEN_SHIFT) |
 		    ((unsigned long)s->kind << PT_KIND_SHIFT) | (s->shared ? PT_SHARED : 0);
 		/* not accessed: no frequency; accessed: the last estimate stands until the probe's */
-		if (!listed || !probing)
+		if (!s->listed || !b->probing)
 			v &= ~PT_PROBE_MASK;
 		if (s->accessed && (v & PT_COUNT_MASK) != PT_COUNT_MASK)
 			v++;
 		xas_store(&xas, xa_mk_value(v));
-		if (s->accessed && !xas_error(&xas))
+		if (xas_error(&xas)) {
+			xas_unlock(&xas);
+			if (xas_nomem(&xas, GFP_KERNEL)) {
+				xas_lock(&xas);
+				xas_set(&xas, s->index);
+				continue; /* the same unit, with the node allocated */
+			}
+			xas_lock(&xas);
+			xas_set(&xas, s->index); /* left as it was; the next unit from the root */
+			i++;
+			continue;
+		}
+		if (s->accessed)
 			xas_set_mark(&xas, PT_ACCESSED);
-		xas_unlock(&xas);
-	} while (xas_nomem(&xas, GFP_KERNEL));
-	return listed;
+		i++;
+	}
+	xas_unlock(&xas);
+	xas_set(&xas, 0);
+	xas_nomem(&xas, GFP_KERNEL); /* no error now: frees a node allocated and not used */
 }
 
 /* One page table (or huge mapping) read: its region, with the kinds of its pages. */
@@ -194,8 +221,9 @@ static void scan_unlocked(struct pagetier_walk *w)
 		note_region(w->t, b);
 		b->walked += b->seen[0].huge ? PT_REGION_PAGES : b->n;
 	}
+	record_batch(w->t, b);
 	for (i = 0; i < b->n; i++) {
-		if (record(w->t, &b->seen[i], b->probing) && b->probing)
+		if (b->seen[i].listed && b->probing)
 			pagetier_probe_note(&b->probe, b->seen[i].index, b->seen[i].huge);
 		if (b->seen[i].accessed)
 			atomic64_inc(&w->t->accesses);

@@ -178,8 +178,14 @@ void pagetier_inval_end(struct pagetier_inval *iv)
 bool pagetier_young(struct vm_area_struct *vma, unsigned long addr, unsigned long size,
 		    unsigned long *word, bool clear)
 {
-	bool young = clear ? test_and_clear_bit(_PAGE_BIT_ACCESSED, word) :
-			     test_bit(_PAGE_BIT_ACCESSED, word);
+	/*
+	 * Tested before it is cleared, as x86's ptep_test_and_clear_young() does: most entries a
+	 * pass reads have the bit clear, and a locked clear of each would cost an atomic operation
+	 * for nothing. A bit the CPU sets between the test and the clear stays set for the next
+	 * pass, as if the access came after this one.
+	 */
+	bool young = test_bit(_PAGE_BIT_ACCESSED, word) &&
+		     (!clear || test_and_clear_bit(_PAGE_BIT_ACCESSED, word));
 
 #ifdef CONFIG_MMU_NOTIFIER
 	if (mm_has_notifiers(vma->vm_mm)) {
@@ -249,9 +255,23 @@ static bool upper_young(void *entry, unsigned long index, unsigned long *memo, b
 {
 	if (*memo != index + 1) {
 		*memo = index + 1;
-		*young = test_and_clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)entry);
+		*young = test_bit(_PAGE_BIT_ACCESSED, (unsigned long *)entry) &&
+			 test_and_clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)entry);
 	}
 	return *young;
+}
+
+/*
+ * Whether a PMD read without its lock points to a page table and has its Accessed bit clear: then
+ * nothing is to be cleared, and the lock is not taken. Any other value (the bit set, a huge or
+ * non-present PMD, one changing meanwhile) is looked at again under the lock.
+ */
+static bool pmd_table_clear_unlocked(pmd_t *pmd)
+{
+	pmd_t val = READ_ONCE(*pmd); /* one word on x86-64 */
+
+	return pmd_present(val) && !pmd_trans_huge(val) && !pmd_devmap(val) && !pmd_bad(val) &&
+	       !(pmd_val(val) & _PAGE_ACCESSED);
 }
 
 /*
@@ -269,6 +289,11 @@ static bool pmd_table_young(struct pagetier_walk *w, struct vm_area_struct *vma,
 
 	if (w->memo_pmd == (addr >> PMD_SHIFT) + 1)
 		return w->memo_pmd_young;
+	if (pmd_table_clear_unlocked(pmd)) { /* most PMDs after a window: not used in it */
+		w->memo_pmd = (addr >> PMD_SHIFT) + 1;
+		w->memo_pmd_young = false;
+		return false;
+	}
 	ptl = pmd_lock(vma->vm_mm, pmd);
 	val = *pmd;
 	if (pmd_present(val) && !pmd_trans_huge(val) && !pmd_devmap(val) && !pmd_bad(val))
@@ -284,8 +309,13 @@ static bool pmd_table_young(struct pagetier_walk *w, struct vm_area_struct *vma,
  */
 static void pmd_table_clear(struct vm_area_struct *vma, pmd_t *pmd)
 {
-	spinlock_t *ptl = pmd_lock(vma->vm_mm, pmd);
-	pmd_t val = *pmd;
+	spinlock_t *ptl;
+	pmd_t val;
+
+	if (pmd_table_clear_unlocked(pmd))
+		return;
+	ptl = pmd_lock(vma->vm_mm, pmd);
+	val = *pmd;
 
 	if (pmd_present(val) && !pmd_trans_huge(val) && !pmd_devmap(val) && !pmd_bad(val))
 		clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pmd);
