@@ -148,6 +148,7 @@ class Device:
         except PermissionError:
             raise Unavailable(f"{path}: permission denied (CAP_SYS_ADMIN is required)") from None
         self._periods_buf = bytearray(uapi.STATS_T.itemsize)
+        self._bufs: dict[tuple, np.ndarray] = {}  # the reads' record buffers, kept for the next
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -206,21 +207,32 @@ class Device:
               end: int | None = None) -> np.ndarray:
         out = []
         cursor = 0
-        buf = np.zeros(chunk, rec_t)
+        # one buffer per record type and size, reused: the module writes the records it returns
+        # and nothing else is read, so it is neither zeroed nor allocated again (a daemon reads
+        # several times an interval, and a look between reads lists few records)
+        buf = self._bufs.get((rec_t, chunk))
+        if buf is None:
+            buf = self._bufs[(rec_t, chunk)] = np.empty(chunk, rec_t)
         flags = (uapi.READ_RESET if reset else 0) | (uapi.READ_ACCESSED_ONLY if accessed_only else 0)
+        r = np.zeros(1, arg_t)
+        r["pid"], r["flags"], r["buf"], r["buf_len"] = pid, flags, buf.ctypes.data, chunk
+        if start is not None:
+            r["start"], r["end"] = start, end
+        arg = bytearray(r.tobytes())
+        cursor_at = arg_t.fields["cursor"][1]
+        nr_at = arg_t.fields["nr_records"][1]
         while True:
-            r = np.zeros(1, arg_t)
-            r["pid"], r["flags"], r["buf"] = pid, flags, buf.ctypes.data
-            r["buf_len"], r["cursor"] = chunk, cursor
-            if start is not None:
-                r["start"], r["end"] = start, end
-            r = self._ioctl(cmd, r, f"read pid {pid}")
-            n = int(r["nr_records"])
+            struct.pack_into("<Q", arg, cursor_at, cursor)
+            try:
+                fcntl.ioctl(self.fd, cmd, arg, True)
+            except OSError as e:
+                raise KmodError(f"read pid {pid}", e.errno) from None
+            n = struct.unpack_from("<Q", arg, nr_at)[0]
             out.append(buf[:n].copy())
-            cursor = int(r["cursor"])
+            cursor = struct.unpack_from("<Q", arg, cursor_at)[0]
             if cursor == 0:
                 break
-        return np.concatenate(out) if out else np.zeros(0, rec_t)
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def unmark(self, pid: int, addrs: np.ndarray) -> int:
         """Make the pages holding ``addrs`` accessible again; returns mappings changed."""
