@@ -130,7 +130,7 @@ static void record_batch(struct pagetier_target *t, struct scan_batch *b)
 		struct pt_seen *s = &b->seen[i];
 
 		/* a table's pages come in address order: the next page's slot is the next one's */
-		if (i && s->index == b->seen[i - 1].index + 1 && !xas_error(&xas)) {
+		if (i && s->index == b->seen[i - 1].index + 1) {
 			entry = xas_next(&xas);
 		} else {
 			xas_set(&xas, s->index);
@@ -149,16 +149,15 @@ static void record_batch(struct pagetier_target *t, struct scan_batch *b)
 			v++;
 		xas_store(&xas, xa_mk_value(v));
 		if (xas_error(&xas)) {
+			bool allocated;
+
 			xas_unlock(&xas);
-			if (xas_nomem(&xas, GFP_KERNEL)) {
-				xas_lock(&xas);
-				xas_set(&xas, s->index);
-				continue; /* the same unit, with the node allocated */
-			}
+			allocated = xas_nomem(&xas, GFP_KERNEL);
 			xas_lock(&xas);
-			xas_set(&xas, s->index); /* left as it was; the next unit from the root */
-			i++;
-			continue;
+			xas_set(&xas, s->index); /* clears the error: the next lookup from the root */
+			if (!allocated)
+				i++; /* no memory: the unit is left as it was */
+			continue; /* else the same unit again, with the node allocated */
 		}
 		if (s->accessed)
 			xas_set_mark(&xas, PT_ACCESSED);

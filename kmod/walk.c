@@ -261,6 +261,11 @@ static bool upper_young(void *entry, unsigned long index, unsigned long *memo, b
 	return *young;
 }
 
+static bool pmd_is_table(pmd_t val)
+{
+	return pmd_present(val) && !pmd_trans_huge(val) && !pmd_devmap(val) && !pmd_bad(val);
+}
+
 /*
  * Whether a PMD read without its lock points to a page table and has its Accessed bit clear: then
  * nothing is to be cleared, and the lock is not taken. Any other value (the bit set, a huge or
@@ -270,8 +275,7 @@ static bool pmd_table_clear_unlocked(pmd_t *pmd)
 {
 	pmd_t val = READ_ONCE(*pmd); /* one word on x86-64 */
 
-	return pmd_present(val) && !pmd_trans_huge(val) && !pmd_devmap(val) && !pmd_bad(val) &&
-	       !(pmd_val(val) & _PAGE_ACCESSED);
+	return pmd_is_table(val) && !(pmd_val(val) & _PAGE_ACCESSED);
 }
 
 /*
@@ -296,7 +300,7 @@ static bool pmd_table_young(struct pagetier_walk *w, struct vm_area_struct *vma,
 	}
 	ptl = pmd_lock(vma->vm_mm, pmd);
 	val = *pmd;
-	if (pmd_present(val) && !pmd_trans_huge(val) && !pmd_devmap(val) && !pmd_bad(val))
+	if (pmd_is_table(val))
 		young = upper_young(pmd, addr >> PMD_SHIFT, &w->memo_pmd, &w->memo_pmd_young);
 	spin_unlock(ptl);
 	return young;
@@ -317,7 +321,7 @@ static void pmd_table_clear(struct vm_area_struct *vma, pmd_t *pmd)
 	ptl = pmd_lock(vma->vm_mm, pmd);
 	val = *pmd;
 
-	if (pmd_present(val) && !pmd_trans_huge(val) && !pmd_devmap(val) && !pmd_bad(val))
+	if (pmd_is_table(val))
 		clear_bit(_PAGE_BIT_ACCESSED, (unsigned long *)pmd);
 	spin_unlock(ptl);
 }
