@@ -20,7 +20,8 @@
    and 5% of the memory accessed per interval (``--hot``), clustered as real hot sets are
    (runs of 2-64 MiB for nine runs in ten, of under 2 MiB for the rest, at random places; 2% of
    the runs replaced each interval) plus 100 ppm of the 4 KiB pages accessed anywhere (noise,
-   new each interval). The stub lists region units (2 MiB of 4 KiB pages, pagetier.ko's
+   new each interval; ``--noise 0,100`` runs each cell without it and with it, to show what
+   scattered single accesses cost: each lands in a region of its own). The stub lists region units (2 MiB of 4 KiB pages, pagetier.ko's
    granularity "region": counts summed over the pages of each region), the accessed ones each
    interval and one part in 16 of every region (``Profiler.read_part``: the complete read,
    spread). Per size: the daemon's CPU per 1 s interval (mean of ``--intervals``, the first
@@ -42,7 +43,7 @@ Usage:
                                            [--baseline main] [--baseline-intervals N]
                                            [--move-size 64M] [--rounds 6] [--policy heuristic]
   scripts/vm -- .venv/bin/python scripts/bench_daemon.py --sizes 64M --move-size 256M
-  .venv/bin/python scripts/bench_daemon.py --scale [--sizes 64G,1T,4T] [--hot 0.01,0.05]
+  .venv/bin/python scripts/bench_daemon.py --scale [--sizes 64G,1T,4T] [--hot 0.01,0.05] [--noise 100]
                                            [--baseline d4ff290] [-o docs/daemon-scale.md]
                                            [--baseline-granularity region] [--repeat 3]
 """
@@ -185,11 +186,16 @@ BASE = 0x7F0000000000
 class ClusteredAccesses:
     """Each interval's accessed 4 KiB pages of a ``size`` footprint: a hot set of runs (nine in
     ten 2-64 MiB long, the rest under 2 MiB, at random places) covering about ``hot_frac`` of
-    the pages, a ``churn`` share of the runs replaced each interval, plus NOISE_PPM of the pages
-    anywhere, new each interval. Kept as runs, never as one array of every page."""
+    the pages, a ``churn`` share of the runs replaced each interval, plus ``noise_ppm`` of the
+    pages anywhere (one access each), new each interval. Kept as runs, never as one array of
+    every page."""
 
-    def __init__(self, size: int, hot_frac: float, churn: float = SCALE_CHURN, seed: int = 1):
+    def __init__(self, size: int, hot_frac: float, churn: float = SCALE_CHURN, seed: int = 1,
+                 noise_ppm: float = NOISE_PPM):
         self.pages = size // PAGE
+        self.noise_ppm = noise_ppm
+        # a stream of its own: the hot runs are the same whatever the noise
+        self.noise_rng = np.random.default_rng(seed + 1)
         self.rng = np.random.default_rng(seed)
         rng = self.rng
         want = int(self.pages * hot_frac)
@@ -215,7 +221,7 @@ class ClusteredAccesses:
             self.per_page[k] = self.rng.integers(1, 50, self.n_churn)
 
     def noise(self) -> np.ndarray:
-        return self.rng.integers(0, self.pages, int(self.pages * NOISE_PPM / 1e6))
+        return self.noise_rng.integers(0, self.pages, int(self.pages * self.noise_ppm / 1e6))
 
     def regions(self, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sorted region indices with an access, their accesses summed over their pages)."""
@@ -242,14 +248,14 @@ class ClusteredAccesses:
 
 
 def bench_scale(size: int, intervals: int, policy: str, hot_frac: float,
-                granularity: str = "region") -> dict:
+                granularity: str = "region", noise_ppm: float = NOISE_PPM) -> dict:
     """The daemon over ``intervals`` intervals (after the first) of ClusteredAccesses, with a
     stub reading as pagetier.ko at ``granularity`` ("region" or "page"), a stub mover whose
     moves the stub's nodes follow; runs on this tree or a baseline's (``--scale-worker``)."""
     region = granularity == "region"
     unit_pages = HUGE_PAGES if region else 1
     units = size // PAGE // unit_pages
-    acc = ClusteredAccesses(size, hot_frac)
+    acc = ClusteredAccesses(size, hot_frac, noise_ppm=noise_ppm)
     rng = np.random.default_rng(2)
     addr = np.uint64(BASE) + np.arange(units, dtype=np.uint64) * np.uint64(PAGE * unit_pages)
     node = np.where(rng.random(units) < 0.4, 0, 1).astype(np.int16)  # 80% of the budget
@@ -351,13 +357,13 @@ def run_scale(a, tree) -> int:
     """The native scale run (``--scale``): print the table; with ``-o`` append it to a file."""
     sizes = a.sizes or "64G,1T,4T"
     max_base = config_mod.parse_size(a.baseline_max_size)
-    head = ["tracked", "accessed", "records/interval", "merge ms", "decide ms",
+    head = ["tracked", "accessed", "noise ppm", "records/interval", "merge ms", "decide ms",
             "CPU ms/interval", "% of a core", "worst/median", "state", "before: CPU ms",
             "before: % core", "before: worst/median", "before: state", "ratio"]
     rows = []
     print(f"scale run: stub profiler at region granularity, daemon policy {a.policy}, mean of "
           f"{a.intervals} intervals of 1 s; accessed: clustered runs (90% of 2-64 MiB) plus "
-          f"{NOISE_PPM} ppm of the pages anywhere")
+          f"{a.noise} ppm of the pages anywhere (noise)")
     if tree is not None:
         print(f"before: {a.baseline} at {bgran_text(a)}, same accesses")
     if a.repeat > 1:
@@ -368,18 +374,20 @@ def run_scale(a, tree) -> int:
     bgran = a.baseline_granularity
     for s in sizes.split(","):
         size = config_mod.parse_size(s)
-        for h in (float(x) for x in a.hot.split(",")):
+        for h, ppm in ((float(x), float(n)) for x in a.hot.split(",")
+                       for n in a.noise.split(",")):
             base_runs = tree is not None and (bgran == "region" or size <= max_base)
             # with --repeat, this tree's and the baseline's runs alternate (the host's speed
             # drifts within minutes); each figure is the run with the median CPU per interval
             mine, theirs = [], []
             for _ in range(a.repeat):
-                mine.append(run_scale_worker(None, size, a.intervals, a.policy, h, "region"))
+                mine.append(run_scale_worker(None, size, a.intervals, a.policy, h, "region",
+                                             ppm))
                 if base_runs:
                     theirs.append(run_scale_worker(tree, size, a.baseline_intervals, a.policy,
-                                                   h, bgran))
+                                                   h, bgran, ppm))
             r = median_run(mine)
-            row = [s, f"{h:.0%}", f"{r['records']:,.0f}", f"{r['merge_ms']:.1f}",
+            row = [s, f"{h:.0%}", f"{ppm:g}", f"{r['records']:,.0f}", f"{r['merge_ms']:.1f}",
                    f"{r['decide_ms']:.1f}", f"{r['step_ms']:.1f}",
                    f"{r['step_ms'] / 10:.2f}%", f"{r['worst_ratio']:.2f}",
                    fmt_bytes(r["state_bytes"])]
@@ -400,8 +408,8 @@ def run_scale(a, tree) -> int:
         table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         table += ["| " + " | ".join(r) + " |" for r in rows]
         day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-        cmd = (f"--scale --sizes {sizes} --hot {a.hot} --intervals {a.intervals} "
-               f"--baseline {a.baseline}")
+        cmd = (f"--scale --sizes {sizes} --hot {a.hot} --noise {a.noise} "
+               f"--intervals {a.intervals} --baseline {a.baseline}")
         if bgran == "region":
             cmd += " --baseline-granularity region"
         if a.repeat > 1:
@@ -410,7 +418,8 @@ def run_scale(a, tree) -> int:
                 f"`scripts/bench_daemon.py {cmd}`: the stub profiler lists region units "
                 f"(2 MiB of 4 KiB pages), the accessed ones each interval and 1/16 of all of them "
                 f"(the complete read, spread); accessed: clustered runs (nine in ten of 2-64 MiB) "
-                f"plus {NOISE_PPM} ppm of the pages anywhere; CPU per 1 s interval, mean of "
+                f"plus the noise: that many ppm of the pages anywhere, one access each, in a "
+                f"region of its own as a rule; CPU per 1 s interval, mean of "
                 f"{a.intervals} (merge: the reads into the PageState; decide: the policy), the "
                 f"stub's own time (its reads and moves: the kernel's work) left out; the default "
                 f"migration rate (512 MB/s). \"before\": {a.baseline} at "
@@ -456,14 +465,14 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def run_scale_worker(tree: Path | None, size: int, intervals: int, policy: str, hot: float,
-                     granularity: str) -> dict:
+                     granularity: str, noise_ppm: float = NOISE_PPM) -> dict:
     """One scale measurement in a child process (each starts with a clean heap): this tree's
     code, or ``tree``'s (a baseline)."""
     env = dict(os.environ)
     if tree is not None:
         env["PAGETIER_BENCH_ROOT"] = str(tree)
     out = subprocess.run([sys.executable, __file__, "--scale-worker", str(size), str(intervals),
-                          policy, str(hot), granularity], env=env, check=True,
+                          policy, str(hot), granularity, str(noise_ppm)], env=env, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -535,8 +544,9 @@ def bench_move(size: int, rounds: int) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--scale-worker"]:  # one scale measurement, as JSON (maybe in a baseline)
-        size, intervals, policy, hot, gran = argv[1:6]
-        print(json.dumps(bench_scale(int(size), int(intervals), policy, float(hot), gran)))
+        size, intervals, policy, hot, gran, noise = argv[1:7]
+        print(json.dumps(bench_scale(int(size), int(intervals), policy, float(hot), gran,
+                                     float(noise))))
         return 0
     if argv[:1] == ["--worker"]:  # one measurement, as JSON (in a baseline's tree)
         size, intervals, policy, hot, churn, dry = argv[1:7]
@@ -553,6 +563,9 @@ def main(argv=None) -> int:
     ap.add_argument("--intervals", type=int, default=17,
                     help="intervals measured after the first (default %(default)s: one "
                          "complete read among them)")
+    ap.add_argument("--noise", default=f"{NOISE_PPM}",
+                    help="--scale: accesses anywhere, in ppm of the pages (one each, new every "
+                         "interval), comma-separated for several runs (default %(default)s)")
     ap.add_argument("--churn", type=float, default=0.02,
                     help="fraction of the hot set replaced each interval (default %(default)s)")
     ap.add_argument("--dry-run", action="store_true",
@@ -603,8 +616,10 @@ def main(argv=None) -> int:
         for x in (a.sizes or "64G").split(","):
             config_mod.parse_size(x)
         [float(h) for h in a.hot.split(",")]
+        if any(float(n) < 0 for n in a.noise.split(",")):
+            raise ValueError(f"--noise must not be negative, got {a.noise}")
     except (ValueError, config_mod.ConfigError) as e:
-        return fail(f"--sizes/--hot: {e}")
+        return fail(f"--sizes/--hot/--noise: {e}")
     if a.scale:
         tree = None if a.baseline == "none" else baseline_tree(a.baseline)
         try:
