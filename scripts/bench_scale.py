@@ -436,10 +436,11 @@ def daemon_view(state, pid: int, lo: int, hi: int, hot_pages: int,
 
 def fork_watched_daemon(ready: dict, options: dict, budget_mb: int) -> tuple[int, int]:
     """The pagetier daemon (heuristic policy, 1 s intervals, kmod ``options``) on the workload
-    in a forked child, as bench live forks it (pagetier/bench/live.py fork_daemon), each
+    in a forked child, as bench live forks it (pagetier/bench/live.py fork_run), each
     interval's JSON stats line also carrying "view": daemon_view of the state after the step,
     with "t" (time.monotonic() as the step began: its read follows at once) and "cpu_s" (the
     view's own CPU, not the daemon's). Returns (child pid, read end of its lines)."""
+    from pagetier.bench import live
     from pagetier.daemon import config as config_mod
     from pagetier.daemon.loop import Daemon
     from pagetier.daemon.numab import NumaBalancing
@@ -462,22 +463,7 @@ def fork_watched_daemon(ready: dict, options: dict, budget_mb: int) -> tuple[int
             return stats
 
     rng = np.random.default_rng(1)
-    r, w = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child
-        rc = 1
-        try:
-            os.close(r)
-            out = os.fdopen(w, "w")
-            rc = Watched(cfg, pids=[pid], numab=NumaBalancing(), out=out).run()
-            out.flush()
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-        finally:
-            os._exit(rc)
-    os.close(w)
-    return child, r
+    return live.fork_run(lambda out: Watched(cfg, pids=[pid], numab=NumaBalancing(), out=out))
 
 
 def process_cpu_s(pid: int) -> float:

@@ -609,6 +609,15 @@ def fork_daemon(pid: int, policy: str, spec: Spec,
                  "profiler_options": options}
     cfg = config_mod.load(None, overrides)  # errors here, in the parent
     config_mod.check_nodes(cfg)
+    return fork_run(lambda out: Daemon(cfg, pids=[pid], profiler=create_profiler(cfg),
+                                       policy=create_policy(cfg), numab=NumaBalancing(),
+                                       out=out))
+
+
+def fork_run(build) -> tuple[int, int]:
+    """Run ``build(out).run()`` (``build`` makes a daemon writing its lines to ``out``) in a
+    forked child, which exits with its return code (1 on an exception, whose traceback goes to
+    stderr). Returns (child pid, read end of the lines)."""
     r, w = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the guest
@@ -616,10 +625,7 @@ def fork_daemon(pid: int, policy: str, spec: Spec,
         try:
             os.close(r)
             out = os.fdopen(w, "w")
-            profiler = create_profiler(cfg)
-            daemon = Daemon(cfg, pids=[pid], profiler=profiler, policy=create_policy(cfg),
-                            numab=NumaBalancing(), out=out)
-            rc = daemon.run()
+            rc = build(out).run()
             out.flush()
         except BaseException:
             traceback.print_exc()
