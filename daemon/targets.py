@@ -247,6 +247,12 @@ class Targets:
             if not self.alive(pid):
                 self.drop(pid)
         if self.child is not None and self.child.poll() is not None:
+            # the command, and processes it waited for, may have exited since the test above
+            # (sh -c "sleep 2; exit 3": the sleep, then sh a moment later): let go only of
+            # those still running
+            for pid in list(self.pids):
+                if not self.alive(pid):
+                    self.drop(pid)
             if not self.pids:
                 return "all targets exited"
             return (f"the command (pid {self.child.pid}) exited: its {len(self.pids)} "

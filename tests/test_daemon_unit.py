@@ -1509,3 +1509,23 @@ def test_throughput_weighs_a_move_by_its_pages():
     before = ex.throughput
     ex.measure(1000, 1000 / (8.0 * full))  # small but faster: in full (8 * full pages/s)
     assert ex.throughput == pytest.approx((1 - s) * before + s * 8 * full)
+
+
+def test_command_exiting_between_the_checks_is_not_let_go():
+    """`pagetier run -- sh -c "sleep 2; exit 3"`: the refresh finds sh running, then its exit
+    status (it exited meanwhile): every target has exited, none is "let go" (seen in the 6.12
+    guest: "its 1 remaining processes are let go" with none left)."""
+    from pagetier.daemon.targets import Targets
+
+    class Command:
+        pid = 4242
+        answers = [None]  # running when first asked, exited (3) from then on
+
+        def poll(self):
+            return self.answers.pop(0) if self.answers else 3
+
+    prof = StubProfiler()
+    tr = Targets(prof, PageState(), child=Command())
+    assert tr.attach(Command.pid)
+    assert tr.refresh() == "all targets exited"
+    assert not tr.pids
