@@ -243,16 +243,14 @@ class Targets:
     def refresh(self) -> str | None:
         """Drop the targets that exited, follow the cgroups and the child's tree; a reason to
         stop, or None."""
+        # the command's exit status before the targets' liveness: read after, it could find the
+        # command gone that the liveness test still saw running (sh -c "sleep 2; exit 3": the
+        # sleep, then sh a moment later) and let go of a process that has exited
+        exited = self.child is not None and self.child.poll() is not None
         for pid in list(self.pids):
             if not self.alive(pid):
                 self.drop(pid)
-        if self.child is not None and self.child.poll() is not None:
-            # the command, and processes it waited for, may have exited since the test above
-            # (sh -c "sleep 2; exit 3": the sleep, then sh a moment later): let go only of
-            # those still running
-            for pid in list(self.pids):
-                if not self.alive(pid):
-                    self.drop(pid)
+        if exited:
             if not self.pids:
                 return "all targets exited"
             return (f"the command (pid {self.child.pid}) exited: its {len(self.pids)} "
