@@ -138,11 +138,15 @@ class PageView:
     def decay(self) -> float:
         return float(getattr(self.state, "decay", 0.5))
 
-    def candidates(self) -> tuple[np.ndarray, float]:
-        """(sorted indices of the units to rank, the summed heat of the units left out)."""
+    def candidates(self, faint: float | None = None) -> tuple[np.ndarray, float]:
+        """(sorted indices of the units to rank, the summed heat of the units left out).
+        ``faint``: only the units with heat at least that, accessed or not (rules/cool.py);
+        read whole, every unit all the same."""
         st = self.state
         if not self.incremental:
             return np.arange(len(st)), 0.0
+        if faint is not None:
+            return st.hotter_than(faint)
         cand, rest = st.hotter_than(self.min_heat)
         # one merge of the two sorted sets (the touched units among the candidates are found
         # by it, not by a look at each one's row)
@@ -163,9 +167,10 @@ class PageView:
         return (r["heat"].astype(np.float64), r["rate"].astype(np.float64), r["node"],
                 r["npages"].astype(np.int64), r["last_move"].astype(np.int64))
 
-    def units(self) -> tuple[Units, float]:
-        """The units to rank with their columns, and the summed heat of those left out."""
-        idx, rest = self.candidates()
+    def units(self, faint: float | None = None) -> tuple[Units, float]:
+        """The units to rank with their columns, and the summed heat of those left out
+        (``faint``: as :meth:`candidates`)."""
+        idx, rest = self.candidates(faint)
         if self.incremental and hasattr(self.state, "columns"):  # the keys in the same pass
             *cols, keys = self.state.columns(idx, keys=True)
             return Units(self, idx, *cols, _keys=keys), rest
