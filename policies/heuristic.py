@@ -117,7 +117,13 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         # a phase change seen in this interval's rates: rank by them, not by decayed heat
         self._phase_check = None
         seen_now = u.rate is not None and self._rate_phase_change(
-            u.keys, decay, u.rate, known, fast, u.npages, cap.low, u.heat)
+            u.keys, decay, u.rate, known, fast, u.npages, cap.low, u.heat, u.unread)
+        if seen_now is None:  # the faint units' own rates could show a change: read them too
+            faint = None
+            u, rest = view.units()
+            known, fast = u.node >= 0, u.node == ctx.fast_node
+            seen_now = self._rate_phase_change(u.keys, decay, u.rate, known, fast, u.npages,
+                                               cap.low, u.heat)
         score = rate_score(u, decay) if seen_now else u.heat
         # every candidate read, for the rules that read the accessed units (the phase detector
         # above, the sparse evidence, the next read's bookkeeping); the rest of the decision

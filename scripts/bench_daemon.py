@@ -262,6 +262,7 @@ def bench_scale(size: int, intervals: int, policy: str, hot_frac: float,
     npages = np.full(units, unit_pages, np.uint16)
     kw = {"region": np.ones(units, bool)} if region else {}  # a baseline's Sample has none
     records = []  # records read per interval
+    on_fast = []  # per interval: the share of its accesses on the fast node (0) as read
 
     def sample(pid, sel, count, complete, span=None):
         extra = {k: v[sel] for k, v in kw.items()}
@@ -294,6 +295,8 @@ def bench_scale(size: int, intervals: int, policy: str, hot_frac: float,
                 self.attached[pid] += 1
                 acc.advance()
                 sel, count = (acc.regions if region else acc.page_set)(acc.noise())
+                if reset:  # a read proper, not a look between reads
+                    on_fast.append(float(count[node[sel] == 0].sum()) / max(1, count.sum()))
                 if accessed_only:
                     return sample(pid, sel, count, False)
                 full = np.zeros(units, np.int64)
@@ -343,6 +346,9 @@ def bench_scale(size: int, intervals: int, policy: str, hot_frac: float,
             "decide_ms": statistics.mean(decide[1:]) * 1000,
             "max_ms": max(steady) * 1000, "worst_ratio": max(steady) / med if med else 0.0,
             "state_bytes": int(d.state.nbytes), "records": statistics.mean(recs[1:]),
+            # placement: the accesses on the fast node, mean over the intervals after the
+            # first, and in the last one
+            "on_fast": statistics.mean(on_fast[1:]), "on_fast_last": on_fast[-1],
             "moved": d.totals["promoted"] + d.totals["demoted"]}
 
 
@@ -358,12 +364,14 @@ def run_scale(a, tree) -> int:
     sizes = a.sizes or "64G,1T,4T"
     max_base = config_mod.parse_size(a.baseline_max_size)
     head = ["tracked", "accessed", "noise ppm", "records/interval", "merge ms", "decide ms",
-            "CPU ms/interval", "% of a core", "worst/median", "state", "before: CPU ms",
-            "before: % core", "before: worst/median", "before: state", "ratio"]
+            "CPU ms/interval", "% of a core", "worst/median", "state", "on fast", "before: CPU ms",
+            "before: % core", "before: worst/median", "before: state", "before: on fast",
+            "ratio"]
     rows = []
     print(f"scale run: stub profiler at region granularity, daemon policy {a.policy}, mean of "
           f"{a.intervals} intervals of 1 s; accessed: clustered runs (90% of 2-64 MiB) plus "
-          f"{a.noise} ppm of the pages anywhere (noise)")
+          f"{a.noise} ppm of the pages anywhere (noise); on fast: the share of the accesses "
+          f"each read found on the fast node, mean over the intervals / in the last one")
     if tree is not None:
         print(f"before: {a.baseline} at {bgran_text(a)}, same accesses")
     if a.repeat > 1:
@@ -390,17 +398,17 @@ def run_scale(a, tree) -> int:
             row = [s, f"{h:.0%}", f"{ppm:g}", f"{r['records']:,.0f}", f"{r['merge_ms']:.1f}",
                    f"{r['decide_ms']:.1f}", f"{r['step_ms']:.1f}",
                    f"{r['step_ms'] / 10:.2f}%", f"{r['worst_ratio']:.2f}",
-                   fmt_bytes(r["state_bytes"])]
+                   fmt_bytes(r["state_bytes"]), on_fast_text(r)]
             if tree is None:
-                row += ["-"] * 5
+                row += ["-"] * 6
             elif not base_runs:
                 units = size // PAGE
                 row += [f"not run: {units / 1e6:,.0f} M page units, "
-                        f"{fmt_bytes(units * 44)} of state", "-", "-", "-", "-"]
+                        f"{fmt_bytes(units * 44)} of state", "-", "-", "-", "-", "-"]
             else:
                 b = median_run(theirs)
                 row += [f"{b['step_ms']:.1f}", f"{b['step_ms'] / 10:.2f}%",
-                        f"{b['worst_ratio']:.2f}", fmt_bytes(b["state_bytes"]),
+                        f"{b['worst_ratio']:.2f}", fmt_bytes(b["state_bytes"]), on_fast_text(b),
                         f"{b['step_ms'] / r['step_ms']:.{1 if bgran == 'region' else 0}f}x"]
             rows.append(row)
             print(" | ".join(row), flush=True)
@@ -422,7 +430,9 @@ def run_scale(a, tree) -> int:
                 f"region of its own as a rule; CPU per 1 s interval, mean of "
                 f"{a.intervals} (merge: the reads into the PageState; decide: the policy), the "
                 f"stub's own time (its reads and moves: the kernel's work) left out; the default "
-                f"migration rate (512 MB/s). \"before\": {a.baseline} at "
+                f"migration rate (512 MB/s); on fast: the share of the accesses each read "
+                f"found on the fast node, mean over the intervals / in the last one (every "
+                f"unit starts on a random node, 40% fast). \"before\": {a.baseline} at "
                 f"{bgran_text(a)} on the same accesses. This tree's compiled helpers: "
                 f"{lookups_text()}."
                 + (f" Each figure: the median of {a.repeat} runs, this tree's and the "
@@ -432,6 +442,13 @@ def run_scale(a, tree) -> int:
             f.write(text)
         print(f"appended to {a.output}")
     return 0
+
+
+def on_fast_text(r: dict) -> str:
+    """A run's placement: the share of the accesses read on the fast node, mean / last."""
+    if "on_fast" not in r:
+        return "-"
+    return f"{r['on_fast']:.3f} / {r['on_fast_last']:.3f}"
 
 
 def lookups_text() -> str:

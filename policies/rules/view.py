@@ -14,7 +14,7 @@ What of PageState this module touches (and nothing else in the policy does):
   structured array ``a`` (only ``a.dtype.names``, to see whether there is a ``rate`` column);
 - columns: ``heat``, ``rate``, ``node``, ``npages``, ``last_move``, and ``target``/``addr``
   when the state has no ``keys``;
-- methods: ``hotter_than``, ``touched``, ``coldest``, ``rows`` (whole rows
+- methods: ``hotter_than``, ``touched``, ``outside_candidates``, ``coldest``, ``rows`` (whole rows
   of some units, read by the field names above), ``columns`` when it has it (the same fields
   of some units, widened as :meth:`PageView.columns` returns them), ``keys``, ``pages_on``,
   ``stuck``, ``len()``;
@@ -44,6 +44,16 @@ def unit_keys(state) -> np.ndarray:
     return core_state.unit_keys(state.target, state.addr)
 
 
+@dataclass(frozen=True)
+class Unread:
+    """The units accessed in this interval that a decision did not read (rules/cool.py: the
+    faint ones): how many, their pages and their rates summed."""
+
+    n: int
+    pages: int
+    rate: float
+
+
 @dataclass
 class Units:
     """The columns of the units a decision looks at, as local arrays: ``idx`` their indices in
@@ -59,6 +69,8 @@ class Units:
     # every unit's key, gathered from the state at the first call of keys(): the rules ask for
     # the keys of the same units several times a decision (the accessed ones, the hot set)
     _keys: np.ndarray | None = field(default=None, repr=False)
+    # the accessed units left out of ``idx`` (the faint ones), None when none was left out
+    unread: Unread | None = None
 
     def __len__(self) -> int:
         return len(self.idx)
@@ -169,13 +181,16 @@ class PageView:
 
     def units(self, faint: float | None = None) -> tuple[Units, float]:
         """The units to rank with their columns, and the summed heat of those left out
-        (``faint``: as :meth:`candidates`)."""
+        (``faint``: as :meth:`candidates`; the accessed units left out are then counted in
+        ``Units.unread``)."""
         idx, rest = self.candidates(faint)
+        unread = Unread(*self.state.outside_candidates()) if (
+            faint is not None and self.incremental) else None
         if self.incremental and hasattr(self.state, "columns"):  # the keys in the same pass
             *cols, keys = self.state.columns(idx, keys=True)
-            return Units(self, idx, *cols, _keys=keys), rest
+            return Units(self, idx, *cols, _keys=keys, unread=unread), rest
         cols = self.columns(idx if self.incremental else None)
-        return Units(self, idx, *cols), rest
+        return Units(self, idx, *cols, unread=unread), rest
 
     def keys(self, idx: np.ndarray) -> np.ndarray:
         """The keys of state units ``idx``."""
