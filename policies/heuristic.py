@@ -33,7 +33,6 @@ docs/placement-log.md records what each rule measured when it was made.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 
 import numpy as np
@@ -100,9 +99,7 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         c = self.config
         view = PageView(state, c.min_heat)
         now, decay = view.interval, view.decay
-        # the units far under the last noise floor are not read at all (rules/cool.py)
-        faint = cool.faint(self._last_floor, c) if view.incremental else None
-        u, rest = view.units(faint)
+        u, rest = view.units()
         cap = Capacity.of(ctx, c)
         if c.sparse and u.rate is not None:
             sampled = np.flatnonzero(u.rate > 0)
@@ -117,21 +114,14 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         # a phase change seen in this interval's rates: rank by them, not by decayed heat
         self._phase_check = None
         seen_now = u.rate is not None and self._rate_phase_change(
-            u.keys, decay, u.rate, known, fast, u.npages, cap.low, u.heat, u.unread)
-        if seen_now is None:  # the faint units' own rates could show a change: read them too
-            faint = None
-            u, rest = view.units()
-            known, fast = u.node >= 0, u.node == ctx.fast_node
-            seen_now = self._rate_phase_change(u.keys, decay, u.rate, known, fast, u.npages,
-                                               cap.low, u.heat)
+            u.keys, decay, u.rate, known, fast, u.npages, cap.low, u.heat)
         score = rate_score(u, decay) if seen_now else u.heat
-        # every candidate read, for the rules that read the accessed units (the phase detector
+        # every candidate, for the rules that read the accessed units (the phase detector
         # above, the sparse evidence, the next read's bookkeeping); the rest of the decision
-        # may leave the cool ones out, or read the faint ones too (rules/cool.py)
+        # may leave the cool ones out (rules/cool.py)
         everyone, known_all = u, known
-        u, hot = self._hot_set(view, u, score, known, fast, rest, cap, seen_now, faint,
-                               ctx.fast_node)
-        if u is not everyone:
+        u, hot, cool_idx = self._hot_set(view, u, score, known, fast, rest, cap, seen_now)
+        if cool_idx is not None:
             known, fast = u.node >= 0, u.node == ctx.fast_node
         must, max_moves = cap.must(used), max(0, int(ctx.max_moves))
         fast_idx, pool = self._fast_units(view, u, hot, fast, must, max_moves, seen_now,
@@ -171,9 +161,9 @@ class Heuristic(PhaseWatch, Throttle, Policy):
                                            max_moves, cap.low)
         limit = which_limit(f, plan, throttled_max if reasons else max_moves, cap.low,
                             cap.node_bound)
-        # the accessed units the phase detector saw: with every candidate ranked, they are
-        # those of ``u`` (the victim pool adds none)
-        seen, seen_known = (u, known) if u is everyone else (everyone, known_all)
+        # with cool units left out, every unit accessed is among every candidate (the victim
+        # pool adds none)
+        seen, seen_known = (u, known) if cool_idx is None else (everyone, known_all)
         self._note_read(seen, seen_known, change, last_hot, core, hot.ref, hot.desired_pages,
                         last_set)
         p, d = plan.promote, plan.demote
@@ -240,35 +230,27 @@ class Heuristic(PhaseWatch, Throttle, Policy):
         return Decision(promote=p.astype(np.int64), demote=d.astype(np.int64), stats=stats)
 
     def _hot_set(self, view: PageView, u: Units, score, known, fast, rest: float,
-                 cap: Capacity, seen_now: bool, faint: float | None, node: int):
-        """(the units the rest of the decision looks at, the hot set among them). Read by
-        candidates and ranked by heat, the units under half the last noise floor are left
-        out when the ranking shows that they change nothing (rules/cool.py); otherwise every
-        candidate is ranked. ``faint``: ``u`` holds only the candidates at or above it; when
-        the ranking does not show that those left out change nothing, or the interval is
-        ranked by its rates, every candidate is read and ranked."""
+                 cap: Capacity, seen_now: bool):
+        """(the units the rest of the decision looks at, the hot set among them, the state
+        indices of the cool units left out or None). Read by candidates and ranked by heat,
+        the units under half the last noise floor are left out when the ranking shows that
+        they change nothing (rules/cool.py); otherwise every candidate is ranked."""
         c = self.config
         under = None if seen_now or not view.incremental else cool.below(self._last_floor, c)
-        hot = None
+        hot = cool_idx = None
         if under is not None:
-            keep, left = cool.split(score, known, under, faint is not None)
-            if left.n or left.faint:
-                # a set of its own, so that ``u`` stays what the phase detector read
-                part = u.subset(keep) if left.n else dataclasses.replace(u)
-                p_known, p_fast = ((masked(known, keep), masked(fast, keep)) if left.n
-                                   else (known, fast))
+            keep, left = cool.split(score, known, under)
+            if left.n:
+                part = u.subset(keep)
+                p_known, p_fast = masked(known, keep), masked(fast, keep)
                 hot = hot_set(part.heat, p_known, p_fast, part.npages, cap.low, c, rest, left)
                 if hot is not None:
-                    u = part
+                    u, cool_idx = part, masked(u.idx, ~keep)
         if hot is None:
-            if faint is not None:  # every candidate, the faint ones too
-                u, rest = view.units()
-                known, fast = u.node >= 0, u.node == node
-                score = rate_score(u, view.decay) if seen_now else u.heat
             hot = hot_set(score, known, fast, u.npages, cap.low, c,
                           rest * 1e-6 if seen_now else rest)
         self._last_floor = hot.floor
-        return u, hot
+        return u, hot, cool_idx
 
     def _fast_units(self, view: PageView, u: Units, hot: HotSet, fast, must: int,
                     max_moves: int, seen_now: bool, node: int) -> tuple[np.ndarray, np.ndarray]:

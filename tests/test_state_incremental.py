@@ -373,10 +373,10 @@ def test_cool_units_left_out_change_no_decision(seed, pool_min, monkeypatch):
     monkeypatch.setattr(state_mod, "POOL_MIN", pool_min)
     hot_set, split = Heuristic._hot_set, []
 
-    def counted(self, view, u, *a):
-        part, hot = hot_set(self, view, u, *a)
-        split.append(part is not u)
-        return part, hot
+    def counted(self, *a):
+        u, hot, cool_idx = hot_set(self, *a)
+        split.append(cool_idx is not None)
+        return u, hot, cool_idx
 
     monkeypatch.setattr(Heuristic, "_hot_set", counted)
     n = 4000
@@ -391,7 +391,7 @@ def test_cool_units_left_out_change_no_decision(seed, pool_min, monkeypatch):
         below = cool.below
         monkeypatch.setattr(cool, "below", below if leave_out else lambda *a: None)
         st = PageState()
-        pol = create("heuristic", {"faint_out": False})  # the faint units: their own test
+        pol = create("heuristic")
         r = np.random.default_rng(seed)
         hot = r.choice(n, 300, replace=False)
         st.begin_interval()
@@ -424,62 +424,3 @@ def test_cool_units_left_out_change_no_decision(seed, pool_min, monkeypatch):
     assert left >= 20 and sum(split) == left  # left out in most decisions, and only with it on
     for i, (a, b) in enumerate(zip(with_cool, every)):
         assert a == b, i
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_faint_units_are_not_read_and_the_hot_set_is_placed_alike(seed):
-    """With ``faint_out`` (policies/rules/cool.py) the regions that one noise page touched
-    are not read by the decision at all (the state's candidate set holds none of them, the
-    decision counts fewer units), and over phase changes, partial reads and budgets small
-    and large the policy moves the same hot units to the fast node and sees the same phase
-    changes as without it."""
-    from pagetier.policies.rules import cool
-
-    n = 4000
-    addrs = np.arange(n, dtype=np.uint64) * np.uint64(512 * 4096)
-
-    def smp(idx, rates, nodes, complete=False):
-        s = sample(addrs[idx], rates, nodes, complete=complete)
-        s.npages = np.full(len(idx), 512, np.uint16)
-        s.region = np.ones(len(idx), bool)
-        return s
-
-    def run(faint_out):
-        st = PageState()
-        pol = create("heuristic", {"faint_out": faint_out})
-        r = np.random.default_rng(seed)
-        hot = r.choice(n, 300, replace=False)
-        ever = np.zeros(n, bool)  # the regions ever in a hot set
-        st.begin_interval()
-        st.update(smp(np.arange(n), np.zeros(n), r.choice([FAST, SLOW], n), complete=True))
-        out = []
-        for i in range(40):
-            if i % 10 == 9:  # a phase change
-                hot = r.choice(n, 300, replace=False)
-            ever[hot] = True
-            st.begin_interval()
-            hit = np.zeros(n, bool)
-            hit[hot] = r.random(len(hot)) < (0.3 if r.random() < 0.2 else 0.9)  # some partial
-            noise = r.random(n) < 0.1
-            hit |= noise
-            idx = np.flatnonzero(hit)
-            rates = np.where(np.isin(idx, hot), r.uniform(5000, 25000, len(idx)), 1.0)
-            st.update(smp(idx, rates, st.node[idx]))
-            budget = int(r.choice([200, 3000])) * 512
-            faint = cool.faint(pol._last_floor, pol.config)  # this decision's
-            d = pol.decide(st, Context(fast_budget=budget, max_moves=1 << 40))
-            noise_cand = (faint_out and faint is not None
-                          and st.in_candidates(np.flatnonzero(noise & ~ever)).any())
-            out.append((d.promote.tolist(), d.demote.tolist(), d.stats["phase_change"],
-                        d.stats["candidates"], noise_cand))
-            st.record_moves(d.promote, FAST)
-            st.record_moves(d.demote, SLOW)
-        return out
-
-    on, off = run(True), run(False)
-    for i, (a, b) in enumerate(zip(on, off)):
-        assert a[:3] == b[:3], i
-    # a region only noise touched is among the candidates only in a phase change's read or
-    # the one after it (ranked by their rates: every candidate read)
-    assert all(i % 10 in (9, 0) for i, a in enumerate(on) if a[4])
-    assert sum(a[3] < b[3] for a, b in zip(on, off)) >= 30  # fewer units looked at

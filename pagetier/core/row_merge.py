@@ -15,8 +15,7 @@ of its use so that the cache misses overlap:
 - :func:`prune`: the candidates whose heat decayed below the floor leave the set;
 - :func:`clear_rates`: the rates and counts of the last interval's units cleared;
   :func:`count_rated`: how many of the touched ones have a rate; :func:`has_flag`: which of
-  them are candidates; :func:`outside`: how many of them with a rate are not, their pages
-  and rates summed;
+  them are candidates;
 - :func:`columns`: the decision's columns of some units (heat, rate, node, size, last move),
   widened as the decision reads them.
 
@@ -73,9 +72,6 @@ class _Lib:
         self.has_flag = lib.has_flag
         self.has_flag.argtypes = [_P, _N, _P, _P, _N, ctypes.c_int32, _P]
         self.has_flag.restype = None
-        self.outside = lib.outside
-        self.outside.argtypes = [_P, _N, _P, _P, _N, ctypes.c_int32, _P]
-        self.outside.restype = None
 
 
 def load(path: Path = LIB_PATH) -> _Lib | None:
@@ -298,17 +294,3 @@ def has_flag(a: np.ndarray, idx: np.ndarray, flag: int) -> np.ndarray | None:
     _LIB.has_flag(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data, len(idx),
                   int(flag), out.ctypes.data)
     return out
-
-
-def outside(a: np.ndarray, idx: np.ndarray, flag: int) -> tuple[int, int, float] | None:
-    """Of rows ``idx`` (int64, within bounds: the state's touched units) without ``flag``,
-    those with a rate above 0 and a known node: (how many, their pages, their rates summed);
-    None when the library cannot do it."""
-    lay = _layout(a)
-    idx = _c(idx, np.int64)
-    if lay is None or idx is None:
-        return None
-    out = np.zeros(3, np.float64)
-    _LIB.outside(a.ctypes.data, lay[1], lay[0].ctypes.data, idx.ctypes.data, len(idx),
-                 int(flag), out.ctypes.data)
-    return int(out[0]), int(out[1]), float(out[2])

@@ -485,21 +485,6 @@ class PageState:
         got = row_merge.has_flag(self._a, idx, F_CAND)
         return (self._a["flags"][idx] & F_CAND) != 0 if got is None else got
 
-    def outside_candidates(self) -> tuple[int, int, float]:
-        """Of the units merged with an access in this interval (:meth:`touched`), those with
-        a rate and a known node that are not in the candidate set :meth:`hotter_than` last
-        returned: (how many, their pages, their rates summed). One compiled pass over their
-        rows when built."""
-        idx = self.touched()
-        flag = F_CAND if self._cand is not None else 0  # no set: every touched unit
-        got = row_merge.outside(self._a, idx, flag)
-        if got is not None:
-            return got
-        r = self._a[idx]
-        out = ((r["flags"] & flag) == 0) & (r["rate"] > 0) & (r["node"] >= 0)
-        return (int(np.count_nonzero(out)), int(r["npages"][out].sum(dtype=np.int64)),
-                float(r["rate"][out].sum(dtype=np.float64)))
-
     def _join_candidates(self, idx: np.ndarray, stored_before: np.ndarray,
                          flags: np.ndarray) -> None:
         """Units ``idx`` (sorted unique) got heat: into the candidate set, their stored heat

@@ -61,7 +61,6 @@ class Config:
     held_reads: int = 2  # after an irregular run: reads since the last change on its set (phase)
     look_between_reads: bool = True  # a phase change read at the period end that shows it (phase)
     young_corrections: bool = True  # moving back what a young read moved: no move-back (residency)
-    faint_out: bool = True  # units under half the last noise floor: not read at all (cool.py)
     per_page: bool = True  # rank units by heat per page (False: by each unit's heat)
     sparse: bool = True  # on sparse evidence, decide on rates across reads (rules/sparse.py)...
     sparse_samples: float = 1.3  # ...sparse: half the samples from units seen < this a read

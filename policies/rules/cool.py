@@ -16,20 +16,6 @@ above every one of them, which the ranking checks; when not (a floor that fell b
 first decision), the decision ranks every candidate as before. The victim pool joins the
 decision's units after the ranking, cool ones among them (a pool that is the whole fast node
 brings every cool unit on it back).
-
-Faint units go further (:func:`faint`, ``faint_out``): the candidates under the power of two
-at or below that share of the last floor are not read out of the state at all. The state
-keeps its candidate set at that heat (``hotter_than``), so a region that one noise page
-touched (heat about ``min_heat``) never joins it, and the phase detector, the sparse
-evidence and the next read's bookkeeping do not see it either: they judge the units
-accessed at a rate that can matter. This changes what those rules read, and so their
-verdicts where faint units weighed in: the phase detector counted a noise region's 512
-pages among the pages accessed, and the bound that rules a phase change out cheaply failed
-on them. The ranking checks the reference and the floor as for cool units (the faint units'
-heat is in its ``rest``); when they are not above the share, or the interval is ranked by
-its rates (a phase change seen now), the decision reads every candidate again
-(:meth:`Heuristic._hot_set`). A power of two, so that the state rebuilds its candidate set
-(a pass over every unit) only when the floor halves, not at each of its small moves.
 """
 from __future__ import annotations
 
@@ -53,22 +39,9 @@ def below(last_floor: float | None, c) -> float | None:
     return t if t > c.min_heat else None
 
 
-def faint(last_floor: float | None, c) -> float | None:
-    """The heat under which candidates are not read at all this decision (the power of two
-    at or below :func:`below`), or None: ``faint_out`` off, no last floor, or not above
-    ``min_heat``."""
-    t = below(last_floor, c) if c.faint_out else None
-    if t is None:
-        return None
-    x = float(2.0 ** np.floor(np.log2(t)))
-    return x if x > c.min_heat else None
-
-
-def split(score: np.ndarray, known: np.ndarray, under: float,
-          faint: bool = False) -> tuple[np.ndarray, Cool]:
+def split(score: np.ndarray, known: np.ndarray, under: float) -> tuple[np.ndarray, Cool]:
     """(which units stay in: all but the ranked ones, on a known node with a positive score,
-    scoring under ``under``; the units left out, as the ranking is told them). ``faint``:
-    the units under a lower heat were left out before (:func:`faint`)."""
+    scoring under ``under``; the units left out, as the ranking is told them)."""
     cool = known & (score > 0) & (score < under)
     heat = sorted_find.masked(score, cool)
-    return ~cool, Cool(n=len(heat), heat=float(heat.sum()), below=float(under), faint=faint)
+    return ~cool, Cool(n=len(heat), heat=float(heat.sum()), below=float(under))

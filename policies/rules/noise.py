@@ -29,10 +29,9 @@ def reference_heat(ranked: np.ndarray, rest: float, c, cool: Cool | None = None)
     All the heat is then the ranked sum continued over them in order, and only the unit on
     which the share falls matters: it is the one the share falls on for every total within
     the sums' rounding (:func:`_share_index`), or None (the bounds disagree, or the share
-    falls among the cool units, or among the faint ones in ``rest``): the caller ranks the
-    cool units too."""
+    falls among the cool units): the caller ranks the cool units too."""
     if not len(ranked):
-        return 0.0 if cool is None or not (cool.n or cool.faint) else None
+        return 0.0 if cool is None or not cool.n else None
     cum = np.cumsum(ranked)
     if cool is not None:
         k = _share_index(cum, rest, cool, c)
@@ -48,15 +47,11 @@ def reference_heat(ranked: np.ndarray, rest: float, c, cool: Cool | None = None)
 @dataclass(frozen=True)
 class Cool:
     """Ranked units a decision left out (rules/cool.py): ``n`` of them, ``heat`` their summed
-    score (in any order), each score under ``below``. ``faint``: the units under ``below``
-    were also left out before the decision (rules/cool.py: :func:`faint`), their heat in
-    the ranking's ``rest``: the result stands only when the reference and the floor come out
-    above ``below`` even with no cool unit."""
+    score (in any order), each score under ``below``."""
 
     n: int
     heat: float
     below: float
-    faint: bool = False
 
     @property
     def bound(self) -> float:
@@ -105,8 +100,7 @@ def hot_order(score, cand, fast, c, rest: float = 0.0, npages=None, cool: Cool |
     if ref is None:
         return None
     floor = noise_floor(ref, c)
-    if cool is not None and (cool.n or cool.faint) and not (ref > cool.bound
-                                                             and floor > cool.bound):
+    if cool is not None and cool.n and not (ref > cool.bound and floor > cool.bound):
         return None  # a cool unit could rank before the reference or be hot
     # ranked is non-increasing up to the 1e-9 tie-break: the hot units are a prefix
     n_hot = int(np.count_nonzero(ranked >= floor))

@@ -117,19 +117,12 @@ class PhaseWatch:
     def looks_between_reads(self) -> bool:
         return self.config.look_between_reads
 
-    def _rate_phase_change(self, keys_of, decay, rate, known, fast, npages, cap, heat=None,
-                           unread=None):
+    def _rate_phase_change(self, keys_of, decay, rate, known, fast, npages, cap, heat=None):
         """Whether this interval's rates alone show a new hot set (a phase change seen now,
         before decayed heat catches up): a regular history, a set of units accessed now about
         as large as the last hot set, and little overlap with it. ``keys_of(idx)``: the units'
         keys. Sets ``self._phase_check`` to the test that ruled a change out (decide resets
-        it).
-
-        ``unread``: the accessed units the decision did not read (rules/view.py: ``Unread``,
-        the faint ones, rules/cool.py), none of them in the last hot set: the tests on how
-        many pages were accessed and where the accesses went count them. None is returned
-        when the tests cannot rule a change out without the unread units' own rates: the
-        caller reads every candidate and asks again."""
+        it)."""
         c = self.config
 
         def no(why):
@@ -139,27 +132,22 @@ class PhaseWatch:
         prev = self._prev_hot
         if prev is None or not len(prev) or not self._overlap:
             return False
-        more_n, more_pages, more_rate = (0, 0, 0.0) if unread is None else (
-            unread.n, unread.pages, unread.rate)
         acc = np.flatnonzero(known & (rate > 0))
         akeys = keys_of(acc)
-        if self._irregular(akeys, rate[acc], more_rate):
+        if self._irregular(akeys, rate[acc]):
             return no("irregular")
         if not len(acc):
-            return None if more_n else no("nothing accessed")
-        if int(npages[acc].sum()) + more_pages < 0.5 * self._prev_accessed:
+            return no("nothing accessed")
+        if int(npages[acc].sum()) < 0.5 * self._prev_accessed:
             return no("few accessed")  # far fewer pages accessed than last time: no evidence
         kept = member_sorted(akeys, prev)  # asked once for both tests
-        if not self._change_possible(kept, npages[acc], c.phase_jaccard, more_pages, more_n):
+        if not self._change_possible(kept, npages[acc], c.phase_jaccard):
             return no("overlap")
         # most of this read's accesses on the last hot set: the same phase, read in part. With
         # noise on every huge unit a read that probed few of the hot units ranks noise units
         # on top, and acting on it as a phase change would trade noise units for noise units
-        if self._mostly_on(akeys, rate[acc], prev, self._prev_set, on_keys=kept,
-                           more_rate=more_rate):
+        if self._mostly_on(akeys, rate[acc], prev, self._prev_set, on_keys=kept):
             return no("mass")
-        if more_n:
-            return None  # the unread units' own rates could make the new set
         if self._staying(keys_of, known, rate, heat, npages, decay, prev):
             return no("staying")
         order, now_ref, _ = hot_order(rate / (1.0 - decay), acc, fast, c)
@@ -186,13 +174,12 @@ class PhaseWatch:
         held = ~leaving(rate[mine], heat[mine], decay)
         return int(npages[mine[held]].sum()) >= stay * int(npages[mine].sum())
 
-    def _irregular(self, akeys: np.ndarray, arate: np.ndarray, more_rate: float = 0.0) -> bool:
+    def _irregular(self, akeys: np.ndarray, arate: np.ndarray) -> bool:
         """Whether the history rules out a phase change by a read's rates (accessed units' keys
-        and rates; ``more_rate``: the summed rates of accessed units not among them): an
-        irregular run, and no phase change before it, or the hot set since the last one has
-        not held, or the read goes back to a set of the last two."""
+        and rates): an irregular run, and no phase change before it, or the hot set since the
+        last one has not held, or the read goes back to a set of the last two."""
         c = self.config
-        unsettled = self._held < c.held_reads or self._back(akeys, arate, more_rate)
+        unsettled = self._held < c.held_reads or self._back(akeys, arate)
         if float(np.mean(self._core_overlap)) < c.regular_jaccard:
             return not self._changed or unsettled
         # the hot units held (phase_core) while the hot set around them changed from read to
@@ -202,17 +189,15 @@ class PhaseWatch:
             and unsettled
 
     def _mostly_on(self, akeys: np.ndarray, arate: np.ndarray, keys: np.ndarray,
-                   also: np.ndarray | None = None, on_keys: np.ndarray | None = None,
-                   more_rate: float = 0.0) -> bool:
+                   also: np.ndarray | None = None, on_keys: np.ndarray | None = None) -> bool:
         """Whether ``phase_mass`` of the rates ``arate`` (of units ``akeys``) is on the units
         ``keys`` (sorted), or on ``also`` (sorted; None: none). ``on_keys``: which of ``akeys``
-        are in ``keys``, when the caller has asked already; ``more_rate``: the summed rates of
-        accessed units not in ``akeys``, none of them on those sets."""
+        are in ``keys``, when the caller has asked already."""
         on_keys = member_sorted(akeys, keys) if on_keys is None else on_keys.copy()
         if also is not None and also is not keys:
             on_keys |= member_sorted(akeys, also)
         on = float(arate[on_keys].sum())
-        return on >= self.config.phase_mass * (float(arate.sum()) + more_rate)
+        return on >= self.config.phase_mass * float(arate.sum())
 
     def read_now(self, state, samples: dict) -> bool:
         """A look between reads: True when the units estimated since the last read hold
@@ -263,12 +248,12 @@ class PhaseWatch:
         keys = u.keys(np.arange(len(u)))
         return np.where(fast, member_sorted(keys, left), member_sorted(keys, brought))
 
-    def _back(self, akeys: np.ndarray, arate: np.ndarray, more_rate: float = 0.0) -> bool:
+    def _back(self, akeys: np.ndarray, arate: np.ndarray) -> bool:
         """Whether a read (accessed units' keys and rates) goes back to a hot set one of the
         last two phase changes left or brought, within ``thrash_window + 2`` reads of it: most
         of its accesses on it (a ping-pong; a program going through phases comes back to a
         set later, if ever)."""
-        return any(self._mostly_on(akeys, arate, keys, more_rate=more_rate)
+        return any(self._mostly_on(akeys, arate, keys)
                    for left, brought, at in self._changed
                    if self._reads - at < self.config.thrash_window + 2
                    for keys in (left, brought))
@@ -278,8 +263,7 @@ class PhaseWatch:
         hot and half as large as the last one: only such a set can be a new phase."""
         return ref >= 0.5 * self._prev_ref and pages >= 0.5 * self._prev_hot_pages
 
-    def _change_possible(self, kept: np.ndarray, apages: np.ndarray, pj: float,
-                         more_pages: int = 0, more_n: int = 0) -> bool:
+    def _change_possible(self, kept: np.ndarray, apages: np.ndarray, pj: float) -> bool:
         """A cheap bound before ranking by rate: whether a new hot set drawn from the units
         accessed now (pages ``apages``; ``kept``: which are in the last hot set) could overlap
         the last one (``P`` units, ``prev_pages`` pages) by less than ``pj`` and still be at
@@ -287,17 +271,16 @@ class PhaseWatch:
         and not in the last set) and ``I`` kept ones of at most ``smax`` pages each, the
         overlap is I / (P + D) and the pages are at most Xp + I * smax: a change needs
         (prev_pages / 2 - Xp) / smax <= I < pj * (P + X). In a steady phase (almost every
-        accessed unit in the last hot set) it cannot, and the ranking is skipped. ``more_n``
-        units of ``more_pages`` pages accessed and not in ``apages`` count among the new."""
+        accessed unit in the last hot set) it cannot, and the ranking is skipped."""
         prev = self._prev_hot
-        new_pages = int(apages[~kept].sum(dtype=np.int64)) + more_pages
+        new_pages = int(apages[~kept].sum(dtype=np.int64))
         need = 0.5 * self._prev_hot_pages - new_pages  # pages the kept units must bring
         if need <= 0:
             return True
         smax = int(apages[kept].max()) if kept.any() else 0
         if smax == 0:
             return False
-        n_new = int(np.count_nonzero(~kept)) + more_n
+        n_new = int(np.count_nonzero(~kept))
         return need / smax < pj * (len(prev) + n_new)
 
     def _classify(self, keys: np.ndarray, credible: bool = True,
@@ -342,8 +325,7 @@ class PhaseWatch:
         if u.rate is None:
             return
         acc = np.flatnonzero(known & (u.rate > 0))
-        unread = getattr(u, "unread", None)  # accessed units the decision did not read
-        self._prev_accessed = int(u.npages[acc].sum()) + (unread.pages if unread else 0)
+        self._prev_accessed = int(u.npages[acc].sum())
         self._reads += 1
         if change and last_hot is not None and len(last_hot):  # the sets it left and brought
             self._changed.append((last_hot, keys, self._reads))
@@ -358,5 +340,4 @@ class PhaseWatch:
             on_set = (member_sorted(akeys, last_hot if last_set is None else last_set)
                       | member_sorted(akeys, self._changed[-1][1]))
             on = float(r[on_set].sum())
-            total = float(r.sum()) + (unread.rate if unread else 0.0)
-            self._held = self._held + 1 if on >= c.phase_mass * total else 0
+            self._held = self._held + 1 if on >= c.phase_mass * float(r.sum()) else 0

@@ -14,7 +14,7 @@ What of PageState this module touches (and nothing else in the policy does):
   structured array ``a`` (only ``a.dtype.names``, to see whether there is a ``rate`` column);
 - columns: ``heat``, ``rate``, ``node``, ``npages``, ``last_move``, and ``target``/``addr``
   when the state has no ``keys``;
-- methods: ``hotter_than``, ``touched``, ``outside_candidates``, ``coldest``, ``rows`` (whole rows
+- methods: ``hotter_than``, ``touched``, ``coldest``, ``rows`` (whole rows
   of some units, read by the field names above), ``columns`` when it has it (the same fields
   of some units, widened as :meth:`PageView.columns` returns them), ``keys``, ``pages_on``,
   ``stuck``, ``len()``;
@@ -44,16 +44,6 @@ def unit_keys(state) -> np.ndarray:
     return core_state.unit_keys(state.target, state.addr)
 
 
-@dataclass(frozen=True)
-class Unread:
-    """The units accessed in this interval that a decision did not read (rules/cool.py: the
-    faint ones): how many, their pages and their rates summed."""
-
-    n: int
-    pages: int
-    rate: float
-
-
 @dataclass
 class Units:
     """The columns of the units a decision looks at, as local arrays: ``idx`` their indices in
@@ -69,8 +59,6 @@ class Units:
     # every unit's key, gathered from the state at the first call of keys(): the rules ask for
     # the keys of the same units several times a decision (the accessed ones, the hot set)
     _keys: np.ndarray | None = field(default=None, repr=False)
-    # the accessed units left out of ``idx`` (the faint ones), None when none was left out
-    unread: Unread | None = None
 
     def __len__(self) -> int:
         return len(self.idx)
@@ -150,15 +138,11 @@ class PageView:
     def decay(self) -> float:
         return float(getattr(self.state, "decay", 0.5))
 
-    def candidates(self, faint: float | None = None) -> tuple[np.ndarray, float]:
-        """(sorted indices of the units to rank, the summed heat of the units left out).
-        ``faint``: only the units with heat at least that, accessed or not (rules/cool.py);
-        read whole, every unit all the same."""
+    def candidates(self) -> tuple[np.ndarray, float]:
+        """(sorted indices of the units to rank, the summed heat of the units left out)."""
         st = self.state
         if not self.incremental:
             return np.arange(len(st)), 0.0
-        if faint is not None:
-            return st.hotter_than(faint)
         cand, rest = st.hotter_than(self.min_heat)
         # one merge of the two sorted sets (the touched units among the candidates are found
         # by it, not by a look at each one's row)
@@ -179,18 +163,14 @@ class PageView:
         return (r["heat"].astype(np.float64), r["rate"].astype(np.float64), r["node"],
                 r["npages"].astype(np.int64), r["last_move"].astype(np.int64))
 
-    def units(self, faint: float | None = None) -> tuple[Units, float]:
-        """The units to rank with their columns, and the summed heat of those left out
-        (``faint``: as :meth:`candidates`; the accessed units left out are then counted in
-        ``Units.unread``)."""
-        idx, rest = self.candidates(faint)
-        unread = Unread(*self.state.outside_candidates()) if (
-            faint is not None and self.incremental) else None
+    def units(self) -> tuple[Units, float]:
+        """The units to rank with their columns, and the summed heat of those left out."""
+        idx, rest = self.candidates()
         if self.incremental and hasattr(self.state, "columns"):  # the keys in the same pass
             *cols, keys = self.state.columns(idx, keys=True)
-            return Units(self, idx, *cols, _keys=keys, unread=unread), rest
+            return Units(self, idx, *cols, _keys=keys), rest
         cols = self.columns(idx if self.incremental else None)
-        return Units(self, idx, *cols, unread=unread), rest
+        return Units(self, idx, *cols), rest
 
     def keys(self, idx: np.ndarray) -> np.ndarray:
         """The keys of state units ``idx``."""

@@ -304,27 +304,3 @@ void has_flag(const uint8_t *rows, int64_t stride, const int64_t *off, const int
 		out[i] = (*FIELD(rows, stride, idx[i], off[OFF_FLAGS], const uint8_t) & flag) != 0;
 	}
 }
-
-/* outside(rows, stride, off, idx, m, flag, out): of rows idx[m] without `flag` that have a
- * rate above 0 and a known node (>= 0): out[0] how many, out[1] their pages, out[2] their
- * rates summed in index order (as numpy's float64 sum of the same values, not to the bit). */
-void outside(const uint8_t *rows, int64_t stride, const int64_t *off, const int64_t *idx,
-	     int64_t m, int32_t flag, double *out)
-{
-	double n = 0, pages = 0, rate = 0;
-	for (int64_t i = 0; i < m; i++) {
-		if (i + AHEAD < m)
-			__builtin_prefetch(rows + idx[i + AHEAD] * stride, 0);
-		int64_t j = idx[i];
-		float r = *FIELD(rows, stride, j, off[OFF_RATE], const float);
-		if ((*FIELD(rows, stride, j, off[OFF_FLAGS], const uint8_t) & flag) || !(r > 0) ||
-		    *FIELD(rows, stride, j, off[OFF_NODE], const int8_t) < 0)
-			continue;
-		n += 1;
-		pages += *FIELD(rows, stride, j, off[OFF_NPAGES], const uint16_t);
-		rate += r;
-	}
-	out[0] = n;
-	out[1] = pages;
-	out[2] = rate;
-}
