@@ -1,5 +1,6 @@
 """scripts/bench_daemon.py's scale run, as a user starts it: one row per size, accessed share and
-noise level, the noise's records on top of the hot set's, and bad options refused by name."""
+noise level, the noise's records on top of the hot set's, where the accesses landed, and bad
+options refused by name."""
 from __future__ import annotations
 
 import subprocess
@@ -23,6 +24,10 @@ def test_scale_rows_with_and_without_noise():
     records = [int(r[3].replace(",", "")) for r in rows]
     # 100 ppm of 16.8 M pages is 1,678 single accesses, nearly all in a region of their own
     assert 1000 < records[1] - records[0] <= 1678, records
+    # where the accesses landed: shares of them on the fast node, mean and last read
+    for r in rows:
+        mean, last = (float(x) for x in r[10].split(" / "))
+        assert 0 < mean <= 1 and 0 < last <= 1, r
 
 
 def test_negative_noise_is_refused():
