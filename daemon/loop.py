@@ -140,6 +140,16 @@ EARLY_RUN = 2
 # cost the module more scans (docs/placement-log.md has the measurements)
 SCANS_PER_INTERVAL = 4
 PERIOD_POLL_S = 0.02  # how often the wait for the profiler's period end looks (an ioctl a target)
+# The wait for a period end asks the profiler from this long before a period after the last end
+# it saw: pagetier.ko's abit periods start a period apart (kmod/target.c next_scan_delay), so
+# their ends come a period apart, give or take the change in a pass's time between two periods
+# and the PERIOD_POLL_S by which the last end was seen late. Where the last two ends came closer
+# than a period less this (a period the scan budget cut, or one that overran: the next starts
+# after a quarter period's rest) the wait asks from half a period after the last end instead.
+PERIOD_LEAD_S = 2 * PERIOD_POLL_S
+# The longest single wait between two looks at the daemon's own state (a signal's flag, the
+# command's exit): the control socket's requests end a wait as they come, whatever its length
+WAIT_STEP_S = 0.25
 
 
 def profiler_options(cfg) -> dict:
@@ -238,6 +248,7 @@ class Daemon:
         self._early_run = 0  # early reads in a row up to the last one
         self._looked = False  # this read comes early: a look between reads asked for it
         self._period_seen: float | None = None  # when the last profiler period end was seen
+        self._period_gap: float | None = None  # the time between the last two ends seen
         self._by_throughput = False  # the measured throughput, not --rate, caps this step
         self._aliased = 0  # fast pages counted again as another target's (targets.fast_aliases)
 
@@ -568,7 +579,7 @@ class Daemon:
         """Serve the control socket until ``until`` (at least once, even when late)."""
         while self.stop_reason is None and self._signal is None:
             left = until - self.clock.monotonic()
-            self._serve(min(0.05, max(0.0, left)))
+            self._serve(min(WAIT_STEP_S, max(0.0, left)))
             if left <= 0:
                 return
             if self.child is not None and self.child.poll() is not None:
@@ -615,24 +626,46 @@ class Daemon:
         """Yield (each target's period count) at each end of a profiler period for every
         target since ``base`` (the counts at the start; a target gone counts as ended), until
         ``until``, the daemon stopping or the child exiting."""
-        half = float(getattr(self.profiler, "period_s", 0.0)) / 2
+        waited = False  # the wait before the end expected came last: this ask is its first
         while self.stop_reason is None and self._signal is None:
             now = self.clock.monotonic()
             if now >= until or (self.child is not None and self.child.poll() is not None):
                 return
-            # the next end comes about a period after the last (a budget-cut one resumes a
-            # quarter period after): no look for it before half a period has passed
-            due = self._period_seen + half if self._period_seen is not None else now
+            due = self._next_end_due(now)
             if due > now:
                 self._wait(min(until, due))
+                waited = True
                 continue
             ended = {pid: periods(pid) for pid in pids}
             if all(ended[pid] != base[pid] for pid in pids):  # None: gone since
-                self._period_seen = self.clock.monotonic()
+                seen = self.clock.monotonic()
+                # an end already there at the first ask came sooner than expected, at a time
+                # unknown: the next ones are asked for from half a period after (a gap of 0)
+                # until two ends seen as they came are a period apart again
+                self._period_gap = 0.0 if waited else (
+                    None if self._period_seen is None else seen - self._period_seen)
+                self._period_seen = seen
                 yield ended
                 base = ended
             else:
                 self._wait(min(until, now + PERIOD_POLL_S))
+            waited = False
+
+    def _next_end_due(self, now: float) -> float:
+        """When the wait for the profiler's next period end starts asking for it: PERIOD_LEAD_S
+        before the end expected a whole number of periods after the last one seen (the nearest
+        to ``now``: an end later than expected is still asked for until half a period past
+        it), or half a period after the last end when the last two came closer than a period
+        less PERIOD_LEAD_S or the last one was there already at the first ask (see
+        PERIOD_LEAD_S); ``now`` when no end was seen yet."""
+        seen, gap = self._period_seen, self._period_gap
+        period = float(getattr(self.profiler, "period_s", 0.0))
+        if seen is None or period <= 0:
+            return now
+        if gap is not None and gap < period - PERIOD_LEAD_S:
+            return seen + period / 2
+        n = max(1, int((now - seen) / period + 0.5))
+        return seen + n * period - min(PERIOD_LEAD_S, period / 2)
 
     def _look_until(self, until: float, periods, pids: list[int]) -> bool:
         """Until ``until``, at each end of a profiler period for every target, show the policy

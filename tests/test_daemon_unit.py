@@ -474,23 +474,65 @@ def test_reads_follow_the_profilers_periods(tmp_path, stalled):
         assert np.all(since <= 0.02 + 1e-9), since
 
 
-def test_the_wait_for_a_period_end_looks_from_half_a_period_after_the_last(tmp_path):
+def test_the_wait_for_a_period_end_asks_from_shortly_before_a_period_after_the_last(tmp_path):
     """The wait for the profiler's period ends asks the profiler (an ioctl a target under
-    pagetier.ko) every PERIOD_POLL_S only from half a period after the last end it saw, not all
-    period long; the reads still follow the period ends."""
+    pagetier.ko) every PERIOD_POLL_S only from PERIOD_LEAD_S before a period after the last end
+    it saw, not all period long; the reads still follow the period ends."""
     prof = StubProfiler(units=256, hot=16)
     d, clock, ends = run_with_periods(tmp_path, prof, duration=6.0)
     count = prof.periods
     asked = []
-    prof.periods = lambda pid: asked.append(clock.monotonic()) or count(pid)
+    prof.periods = lambda pid: asked.append(clock.monotonic() - d._t0) or count(pid)
     steps = step_times(d, clock)
     assert d.run() == 0
     later = np.array(steps[1:-1])
     since = later - ends[np.searchsorted(ends, later + 1e-9) - 1]
-    assert len(later) >= 3 and np.all(since <= 0.02 + 1e-9), since
-    # 0.5 s periods: about 0.25 s of looks at 20 ms each, not 25 looks, per period
-    per_period = len(asked) / (6.0 / prof.period_s)
-    assert per_period <= 0.5 * prof.period_s / loop.PERIOD_POLL_S, per_period
+    assert len(later) >= 3 and np.all(since <= loop.PERIOD_POLL_S + 1e-9), since
+    # after the first read: about PERIOD_LEAD_S / PERIOD_POLL_S asks a period (the wait until
+    # the interval is nearly due asks nothing; from then on it asks from shortly before the
+    # end expected), not every PERIOD_POLL_S from half a period on
+    asked = np.array(asked)
+    asked = asked[asked > steps[1]]
+    per_period = len(asked) / ((asked[-1] - steps[1]) / prof.period_s)
+    assert per_period <= loop.PERIOD_LEAD_S / loop.PERIOD_POLL_S + 1, per_period
+
+
+def test_periods_closer_than_a_period_are_still_seen_as_they_end(tmp_path):
+    """Periods that end closer together than a period (pagetier.ko: a period the scan budget
+    cut is followed after a quarter period's rest) are asked for from half a period after the
+    last end again once one was found already ended at the first ask, and seen within
+    PERIOD_POLL_S of their ends after a few; when they are a period apart again, the asks start
+    PERIOD_LEAD_S before the end expected again."""
+    prof = StubProfiler(units=256, hot=16)
+    d, clock, _ = run_with_periods(tmp_path, prof, duration=9.0)
+    # a period (0.5 s) apart, 0.3 s apart from 2.13 s to 4.83 s, then a period apart again
+    ends = np.concatenate([0.13 + 0.5 * np.arange(5), 2.43 + 0.3 * np.arange(10),
+                           5.33 + 0.5 * np.arange(10)])
+    asked, seen = [], []
+    prof.periods = lambda pid: (asked.append(clock.monotonic() - d._t0)
+                                or int((ends <= clock.monotonic() - d._t0).sum()))
+    d.policy.looks_between_reads = True  # every end between reads is looked at
+    d.policy.read_now = lambda state, samples: seen.append(clock.monotonic() - d._t0) and False
+    steps = step_times(d, clock)
+    assert d.run() == 0
+    seen = np.sort(np.concatenate([seen, steps[1:-1]]))  # looks and reads
+    first = np.searchsorted(ends, steps[1]) + 1
+    late = {}
+    for e in ends[first:]:
+        if e >= seen[-1]:
+            break
+        late[e] = seen[np.searchsorted(seen, e - 1e-9)] - e
+    short = [late[e] for e in late if 2.43 <= e < 5.0]
+    assert len(short) >= 6 and max(short[4:]) <= loop.PERIOD_POLL_S + 1e-9, short
+    again = [late[e] for e in late if e > 5.5]
+    assert len(again) >= 4 and max(again) <= loop.PERIOD_POLL_S + 1e-9, again
+    # two ends seen as they came a period apart (6.33 s): in each interval from the next read
+    # on, PERIOD_LEAD_S / PERIOD_POLL_S + 1 asks for each of its two period ends, and one for
+    # the count at the start of each of its two waits (the looks' and the read's)
+    asked, reads = np.array(asked), np.array([t for t in steps if t > 6.5])
+    per_read = [np.count_nonzero((asked >= a) & (asked < b)) for a, b in zip(reads, reads[1:])]
+    assert len(per_read) >= 2
+    assert max(per_read) <= 2 * (loop.PERIOD_LEAD_S / loop.PERIOD_POLL_S + 2), per_read
 
 
 def test_an_idle_read_is_followed_by_one_at_the_next_period_end(tmp_path):
