@@ -135,6 +135,15 @@ def unload_module() -> None:
 
 _STATS_SCANS = uapi.STATS_T.fields["scans"][1]
 _STATS_RESUMES = uapi.STATS_T.fields["scan_resumes"][1]
+# STATS' fields as Device.stats returns them (all but pid and reserved) and their layout, read
+# with one struct unpack: the daemon asks for them every interval (its scan time), and a numpy
+# scalar a field costs more than the ioctl under emulation
+_STATS_KEYS = [k for k in uapi.STATS_T.names if k not in ("reserved", "pid")]
+_STATS_STRUCT = struct.Struct("<" + "".join(
+    f"{uapi.STATS_T.fields[k][1] - (uapi.STATS_T.fields[prev][1] + uapi.STATS_T[prev].itemsize)}x"
+    f"{'Q' if uapi.STATS_T[k].itemsize == 8 else 'I'}"
+    for prev, k in zip([uapi.STATS_T.names[0], *_STATS_KEYS], _STATS_KEYS)))
+_STATS_AT = uapi.STATS_T.fields[_STATS_KEYS[0]][1]
 
 
 class Device:
@@ -259,10 +268,13 @@ class Device:
                 struct.unpack_from("<Q", buf, _STATS_RESUMES)[0])
 
     def stats(self, pid: int) -> dict:
-        s = np.zeros(1, uapi.STATS_T)
-        s["pid"] = pid
-        s = self._ioctl(uapi.IOC_STATS, s, f"stats pid {pid}")
-        return {k: int(s[k]) for k in uapi.STATS_T.names if k not in ("reserved", "pid")}
+        buf = bytearray(uapi.STATS_T.itemsize)
+        struct.pack_into("<I", buf, 0, pid)
+        try:
+            fcntl.ioctl(self.fd, uapi.IOC_STATS, buf, True)
+        except OSError as e:
+            raise KmodError(f"stats pid {pid}", e.errno) from None
+        return dict(zip(_STATS_KEYS, _STATS_STRUCT.unpack_from(buf, _STATS_AT)))
 
 
 FREQ_SINCE = (0, 3)  # module versions before this leave pagetier_record.freq 0 (padding)
@@ -321,11 +333,14 @@ def regions_to_sample(pid: int, rec: np.ndarray, complete: bool, freq: bool = Tr
 def mapped_span(pid: int) -> tuple[int, int]:
     """[lowest start, highest end) of ``pid``'s mappings (the vsyscall page left out)."""
     with open(f"/proc/{pid}/maps") as f:
-        ranges = [line.split(None, 1)[0].split("-") for line in f]
-    ends = [(int(a, 16), int(b, 16)) for a, b in ranges if int(a, 16) < 1 << 63]
-    if not ends:
+        lines = f.read().splitlines()
+    # the file lists mappings by address: the first line and the last one below the kernel's
+    # half (the daemon reads this every interval: no parse of the lines between)
+    user = [line.split(None, 1)[0].split("-") for line in lines[:1] + lines[-2:]]
+    user = [(int(a, 16), int(b, 16)) for a, b in user if int(a, 16) < 1 << 63]
+    if not user:
         return 0, 0
-    return ends[0][0], ends[-1][1]
+    return user[0][0], user[-1][1]
 
 
 def resident_bytes(pid: int) -> int:
