@@ -180,13 +180,24 @@ class PhaseWatch:
         last one has not held, or the read goes back to a set of the last two."""
         c = self.config
         unsettled = self._held < c.held_reads or self._back(akeys, arate)
-        if float(np.mean(self._core_overlap)) < c.regular_jaccard:
+        if self._history_mean("_core_overlap") < c.regular_jaccard:
             return not self._changed or unsettled
         # the hot units held (phase_core) while the hot set around them changed from read to
         # read (warm units filling the capacity, or a hot region larger than it): a change is
         # ruled out only after another one that has not held, or going back to it
-        return float(np.mean(self._overlap)) < c.regular_jaccard and bool(self._changed) \
+        return self._history_mean("_overlap") < c.regular_jaccard and bool(self._changed) \
             and unsettled
+
+    def _history_mean(self, name: str) -> float:
+        """The mean of the overlap history ``name`` (``_overlap`` or ``_core_overlap``), taken
+        again only when the history changed: the looks between reads ask for it at every period
+        end, the history changes once a read."""
+        hist = tuple(getattr(self, name))
+        memo = self.__dict__.setdefault("_history_means", {})
+        got = memo.get(name)
+        if got is None or got[0] != hist:
+            got = memo[name] = (hist, float(np.mean(hist)))
+        return got[1]
 
     def _mostly_on(self, akeys: np.ndarray, arate: np.ndarray, keys: np.ndarray,
                    also: np.ndarray | None = None, on_keys: np.ndarray | None = None) -> bool:
