@@ -308,7 +308,7 @@ class PhaseWatch:
             return "warmup", None, False
         j = jaccard_sorted(keys, prev)
         hist = self._overlap
-        change = (credible and bool(hist) and float(np.mean(hist)) >= c.regular_jaccard
+        change = (credible and bool(hist) and self._history_mean("_overlap") >= c.regular_jaccard
                   and j < c.phase_jaccard)
         hist.append(j)
         self._core_overlap.append(j if core is keys else jaccard_sorted(core, prev_core))
@@ -322,7 +322,7 @@ class PhaseWatch:
             return "phased", j, change
         if len(hist) < 2:
             return "warmup", j, False
-        if float(np.mean(hist)) >= c.regular_jaccard:
+        if self._history_mean("_overlap") >= c.regular_jaccard:
             return "stable", j, False
         return "irregular", j, False
 
