@@ -135,15 +135,12 @@ def unload_module() -> None:
 
 _STATS_SCANS = uapi.STATS_T.fields["scans"][1]
 _STATS_RESUMES = uapi.STATS_T.fields["scan_resumes"][1]
-# STATS' fields as Device.stats returns them (all but pid and reserved) and their layout, read
-# with one struct unpack: the daemon asks for them every interval (its scan time), and a numpy
-# scalar a field costs more than the ioctl under emulation
-_STATS_KEYS = [k for k in uapi.STATS_T.names if k not in ("reserved", "pid")]
-_STATS_STRUCT = struct.Struct("<" + "".join(
-    f"{uapi.STATS_T.fields[k][1] - (uapi.STATS_T.fields[prev][1] + uapi.STATS_T[prev].itemsize)}x"
-    f"{'Q' if uapi.STATS_T[k].itemsize == 8 else 'I'}"
-    for prev, k in zip([uapi.STATS_T.names[0], *_STATS_KEYS], _STATS_KEYS)))
-_STATS_AT = uapi.STATS_T.fields[_STATS_KEYS[0]][1]
+# STATS read with one struct unpack: the daemon asks for it every interval (its scan time), and
+# a numpy scalar a field costs more than the ioctl under emulation. Its fields are 32- and
+# 64-bit integers with no padding between them (checked here); Device.stats returns all but pid
+_STATS_STRUCT = struct.Struct("<" + "".join("Q" if uapi.STATS_T[k].itemsize == 8 else "I"
+                                            for k in uapi.STATS_T.names))
+assert _STATS_STRUCT.size == uapi.STATS_T.itemsize
 
 
 class Device:
@@ -257,24 +254,25 @@ class Device:
     def scan_periods(self, pid: int) -> int:
         """STATS' ``scans + scan_resumes`` alone: the daemon polls it at every wait for a period
         end (dozens of times a second), so one reused buffer and two fields, not a dict."""
-        buf = self._periods_buf
+        buf = self._stats_into(pid, self._periods_buf)
+        return (struct.unpack_from("<Q", buf, _STATS_SCANS)[0] +
+                struct.unpack_from("<Q", buf, _STATS_RESUMES)[0])
+
+    def stats(self, pid: int) -> dict:
+        got = dict(zip(uapi.STATS_T.names,
+                       _STATS_STRUCT.unpack(self._stats_into(pid, bytearray(_STATS_STRUCT.size)))))
+        del got["pid"]
+        return got
+
+    def _stats_into(self, pid: int, buf: bytearray) -> bytearray:
+        """``buf`` (STATS' size) filled by the STATS ioctl for ``pid``."""
         buf[:] = bytes(len(buf))
         struct.pack_into("<I", buf, 0, pid)
         try:
             fcntl.ioctl(self.fd, uapi.IOC_STATS, buf, True)
         except OSError as e:
             raise KmodError(f"stats pid {pid}", e.errno) from None
-        return (struct.unpack_from("<Q", buf, _STATS_SCANS)[0] +
-                struct.unpack_from("<Q", buf, _STATS_RESUMES)[0])
-
-    def stats(self, pid: int) -> dict:
-        buf = bytearray(uapi.STATS_T.itemsize)
-        struct.pack_into("<I", buf, 0, pid)
-        try:
-            fcntl.ioctl(self.fd, uapi.IOC_STATS, buf, True)
-        except OSError as e:
-            raise KmodError(f"stats pid {pid}", e.errno) from None
-        return dict(zip(_STATS_KEYS, _STATS_STRUCT.unpack_from(buf, _STATS_AT)))
+        return buf
 
 
 FREQ_SINCE = (0, 3)  # module versions before this leave pagetier_record.freq 0 (padding)

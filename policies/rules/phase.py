@@ -106,6 +106,7 @@ class PhaseWatch:
         self._prev_accessed = 0  # pages of the units with a rate in the last read
         self._overlap: deque[float] = deque(maxlen=c.history)
         self._core_overlap: deque[float] = deque(maxlen=c.history)  # of the cores (phase_core)
+        self._history_means: dict = {}  # each history's last contents and mean (_history_mean)
         self._since_change = None  # calls since the last phase change, None if none seen
         # the last two phase changes: the hot sets each left and brought (sorted keys), and
         # the read it came at
@@ -193,10 +194,9 @@ class PhaseWatch:
         again only when the history changed: the looks between reads ask for it at every period
         end, the history changes once a read."""
         hist = tuple(getattr(self, name))
-        memo = self.__dict__.setdefault("_history_means", {})
-        got = memo.get(name)
+        got = self._history_means.get(name)
         if got is None or got[0] != hist:
-            got = memo[name] = (hist, float(np.mean(hist)))
+            got = self._history_means[name] = (hist, float(np.mean(hist)))
         return got[1]
 
     def _mostly_on(self, akeys: np.ndarray, arate: np.ndarray, keys: np.ndarray,
