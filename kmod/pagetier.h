@@ -364,6 +364,8 @@ struct pagetier_probe_list {
 };
 #define PT_PU_SHIFT 8
 bool pagetier_probe_enabled(const struct pagetier_target *t);
+bool pagetier_probe_due(const struct pagetier_target *t, unsigned long index, bool huge,
+			bool estimated);
 void pagetier_probe_note(struct pagetier_probe_list *l, unsigned long index, bool huge);
 void pagetier_probe(struct pagetier_target *t, struct pagetier_probe_list *l);
 u32 pagetier_entry_freq(const struct pagetier_target *t, unsigned long v);
@@ -371,6 +373,7 @@ bool pagetier_sleep_us(struct pagetier_target *t, unsigned long us);
 extern unsigned int pagetier_probe_marks;
 extern struct kobj_attribute pagetier_probe_windows_attr;
 extern struct kobj_attribute pagetier_probe_base_us_attr;
+extern struct kobj_attribute pagetier_probe_every_attr;
 extern struct kobj_attribute pagetier_probe_fault_marks_attr;
 void pagetier_flush_range(struct mm_struct *mm, unsigned long start, unsigned long end);
 

@@ -559,6 +559,7 @@ static struct attribute *pagetier_attrs[] = {
 	&window_waits_attr.attr,
 	&pagetier_probe_windows_attr.attr,
 	&pagetier_probe_base_us_attr.attr,
+	&pagetier_probe_every_attr.attr,
 	&pagetier_probe_fault_marks_attr.attr,
 	NULL,
 };

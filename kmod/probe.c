@@ -27,6 +27,14 @@
 /* knobs (sysfs): windows per probe (0: no probes) and the shortest window's sleep */
 static unsigned int probe_windows = 5;
 static unsigned int probe_base_us = 250;
+/*
+ * A listed unit whose entry holds an estimate is probed again in one pass of every
+ * probe_every (staggered by unit): its estimate is at most that many periods old. A unit with
+ * no estimate (newly accessed, or not accessed in the period before) is probed in its first
+ * pass, so a program's move to new memory is measured as soon as it is seen.
+ */
+static unsigned int probe_every = 4;
+#define PROBE_EVERY_MAX 64
 /* fault mode: probe with hinting marks (1) rather than the Accessed bit (0); see mode_fault.c */
 unsigned int pagetier_probe_marks;
 #define PROBE_BASE_US_MIN 100
@@ -48,6 +56,24 @@ unsigned int pagetier_probe_marks;
 bool pagetier_probe_enabled(const struct pagetier_target *t)
 {
 	return READ_ONCE(probe_windows) && t->ops->probe_pte && t->ops->probe_pmd;
+}
+
+/**
+ * pagetier_probe_due() - whether this pass probes a unit the scan found accessed.
+ * @t: the target; called from its scan work.
+ * @index: the unit's address >> PAGE_SHIFT.
+ * @huge: a huge PMD mapping.
+ * @estimated: its entry holds the result of an earlier probe (kept while it stays accessed).
+ *
+ * Return: true if it has no estimate, or it is its turn among one in probe_every passes.
+ */
+bool pagetier_probe_due(const struct pagetier_target *t, unsigned long index, bool huge,
+			bool estimated)
+{
+	unsigned int every = READ_ONCE(probe_every);
+	unsigned long unit = huge ? index >> (HPAGE_PMD_SHIFT - PAGE_SHIFT) : index;
+
+	return !estimated || every <= 1 || (unit + t->scans) % every == 0;
 }
 
 /**
@@ -342,12 +368,14 @@ u32 pagetier_entry_freq(const struct pagetier_target *t, unsigned long v)
 	return max_t(u32, slow, 1);
 }
 
-/* --- /sys/kernel/pagetier/probe_windows and probe_base_us --- */
+/* --- /sys/kernel/pagetier/probe_windows, probe_base_us, probe_fault_marks, probe_every --- */
 
 PT_DEFINE_UINT_KNOB(probe_windows, probe_windows, 0, PT_PROBE_MAX_WINDOWS)
 PT_DEFINE_UINT_KNOB(probe_base_us, probe_base_us, PROBE_BASE_US_MIN, PROBE_BASE_US_MAX)
 PT_DEFINE_UINT_KNOB(probe_fault_marks, pagetier_probe_marks, 0, 1)
+PT_DEFINE_UINT_KNOB(probe_every, probe_every, 1, PROBE_EVERY_MAX)
 
 struct kobj_attribute pagetier_probe_windows_attr = __ATTR_RW(probe_windows);
 struct kobj_attribute pagetier_probe_fault_marks_attr = __ATTR_RW(probe_fault_marks);
 struct kobj_attribute pagetier_probe_base_us_attr = __ATTR_RW(probe_base_us);
+struct kobj_attribute pagetier_probe_every_attr = __ATTR_RW(probe_every);

@@ -24,6 +24,7 @@ struct pt_seen {
 	u8 kind;     /* PT_KIND_* */
 	bool shared; /* mapped more than once */
 	bool listed; /* set by record_batch(): accessed in the last period, for the probes */
+	bool estimated; /* set by record_batch(): its entry holds a probe's result */
 };
 
 /* What the scan collects under one page-table lock; applied to the xarray after the unlock. */
@@ -138,6 +139,7 @@ static void record_batch(struct pagetier_target *t, struct scan_batch *b)
 		}
 		old = xa_is_value(entry) ? xa_to_value(entry) : 0;
 		s->listed = s->accessed || (old & PT_SEEN);
+		s->estimated = old & PT_PROBE_MASK;
 		v = (old & (PT_COUNT_MASK | PT_PROBE_MASK)) |
 		    ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) | (s->huge ? PT_HUGE : 0) |
 		    ((unsigned long)t->gen << PT_GEN_SHIFT) |
@@ -222,7 +224,9 @@ static void scan_unlocked(struct pagetier_walk *w)
 	}
 	record_batch(w->t, b);
 	for (i = 0; i < b->n; i++) {
-		if (b->seen[i].listed && b->probing)
+		if (b->seen[i].listed && b->probing &&
+		    pagetier_probe_due(w->t, b->seen[i].index, b->seen[i].huge,
+				       b->seen[i].estimated))
 			pagetier_probe_note(&b->probe, b->seen[i].index, b->seen[i].huge);
 		if (b->seen[i].accessed)
 			atomic64_inc(&w->t->accesses);
