@@ -31,9 +31,11 @@ static unsigned int probe_base_us = 250;
  * A listed unit whose entry holds an estimate is probed again in one pass of every
  * probe_every (staggered by unit): its estimate is at most that many periods old. A unit with
  * no estimate (newly accessed, or not accessed in the period before) is probed in its first
- * pass, so a program's move to new memory is measured as soon as it is seen.
+ * pass, so a program's move to new memory is measured as soon as it is seen. The default, 1,
+ * probes every listed unit in every pass: at 4 the probes of a steady hot set cost a quarter,
+ * but the daemon followed phase changes worse (docs/frequency.md).
  */
-static unsigned int probe_every = 4;
+static unsigned int probe_every = 1;
 #define PROBE_EVERY_MAX 64
 /* fault mode: probe with hinting marks (1) rather than the Accessed bit (0); see mode_fault.c */
 unsigned int pagetier_probe_marks;

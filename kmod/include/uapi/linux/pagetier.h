@@ -83,8 +83,8 @@ struct pagetier_detach {
 /*
  * freq (from 0.3): estimated accesses per second of the unit in the last scan period, from the
  * frequency probes that follow each scan (0: not accessed in the last period, or no estimate).
- * A unit accessed in every period since its last probe keeps that probe's estimate: such a
- * unit is probed again in one scan of every probe_every (sysfs, default 4).
+ * With probe_every (sysfs) above its default of 1, a unit accessed in every period since its
+ * last probe keeps that probe's estimate, and is probed again in one scan of every probe_every.
  * It took the place of a padding field, so records keep their size: a reader built for 0.2
  * ignores it, and a 0.2 module leaves it 0.
  */
