@@ -169,7 +169,9 @@ def run(
         raise Unavailable("qemu-system-x86_64 is missing: run scripts/setup.sh")
     vng = shutil.which("vng", path=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
     if vng is None:
-        raise Unavailable("virtme-ng (vng) is missing: run scripts/setup.sh")
+        raise Unavailable(f"virtme-ng (vng) is missing: not beside {sys.executable} nor in PATH: "
+                          "run scripts/setup.sh, and run this with the venv's python "
+                          "(.venv/bin/python)")
     fast_mb, slow_mb = _size_mb(fast), _size_mb(slow)
     if kvm and not kvm_usable():
         raise Unavailable("--kvm asked for, but /dev/kvm is not usable here")
