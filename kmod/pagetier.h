@@ -139,6 +139,12 @@ static inline u32 pagetier_entry_kind_flags(unsigned long v)
 #define PR_KINDS (PR_SHMEM | PR_FILE | PR_SHARED)
 #define PR_USED (1UL << 59)
 /*
+ * A mark on a region's entry: a pass read its page table in parts (a VMA boundary inside its
+ * 2 MiB), so the pages of its entries that this pass did not store are gone (their generation
+ * is older) and are forgotten at its end. A table read whole drops its gone pages as it is read.
+ */
+#define PR_BY_GEN XA_MARK_1
+/*
  * Pages accessed since its table's last read that make a region "in use" (PR_USED): a hot
  * region has most of its 512, a region the odd access touched has a few.
  */
@@ -326,6 +332,8 @@ struct pagetier_walk {
 	bool peek;		/* with upper_only: count the PUDs whose Accessed bit is set, clear none */
 	unsigned long young;	/* what peek counted */
 	bool restore;
+	/* the range of the page table (or huge mapping) walk_pmds() just read, before unlocked() */
+	unsigned long table_start, table_end;
 };
 bool pagetier_vma_walkable(struct vm_area_struct *vma);
 bool pagetier_vma_tracked(const struct pagetier_target *t, struct vm_area_struct *vma);
@@ -340,7 +348,8 @@ int pagetier_scan(struct pagetier_target *t);
 
 /* region.c */
 void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsigned int present,
-			  unsigned int node, bool mixed, bool huge, unsigned long kinds);
+			  unsigned int node, bool mixed, bool huge, unsigned long kinds,
+			  bool in_parts);
 bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsigned long last,
 			  bool read_used, u64 *units, u64 *shmem, u64 *file);
 void pagetier_region_rewalk(struct pagetier_target *t, const u64 *addrs, unsigned long nr);

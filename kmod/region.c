@@ -42,12 +42,16 @@ static u8 region_gen(unsigned long v)
  * @huge: one huge mapping.
  * @kinds: PR_SHMEM, PR_FILE, PR_SHARED: whether any of the pages is of that kind; PR_USED:
  *	   whether PT_USED_PAGES or more were accessed.
+ * @in_parts: this read covered part of the table (a VMA boundary inside it): the region is
+ *	      marked PR_BY_GEN, and the end of the pass forgets its page entries that no part
+ *	      stored.
  *
  * VMAs that share a page table read it in parts, in one pass: the parts add up.
  * Context: may sleep (allocates); no lock held.
  */
 void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsigned int present,
-			  unsigned int node, bool mixed, bool huge, unsigned long kinds)
+			  unsigned int node, bool mixed, bool huge, unsigned long kinds,
+			  bool in_parts)
 {
 	XA_STATE(xas, &t->regions, region);
 	unsigned long old, v;
@@ -70,6 +74,8 @@ void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsig
 			}
 		}
 		xas_store(&xas, xa_mk_value(v));
+		if (in_parts && !xas_error(&xas))
+			xas_set_mark(&xas, PR_BY_GEN);
 		xas_unlock(&xas);
 	} while (xas_nomem(&xas, GFP_KERNEL));
 }
@@ -194,31 +200,34 @@ static void drop_pages(struct pagetier_target *t, unsigned long r, u8 gen, bool 
  * pagetier_region_drop_stale() - at the end of a pass, forget what it found unmapped.
  * @t: the target; called from its scan work only.
  *
- * A region the pass did not see is gone with all its pages; in a region whose page table the
- * pass read, the pages it did not see are gone; a region carried over keeps its pages as they
- * were. The work is the regions plus the pages of the regions read, not every page tracked.
+ * A region the pass did not see is gone with all its pages; a region carried over keeps its
+ * pages as they were; a region whose table was read whole had its gone pages dropped as it was
+ * read (scan.c merge_table()), and one read in parts (PR_BY_GEN) loses the page entries that
+ * no part stored. The work is the regions, plus the pages of the regions gone or read in parts.
  */
 void pagetier_region_drop_stale(struct pagetier_target *t)
 {
 	XA_STATE(xas, &t->regions, 0);
 	unsigned long r, v, n = 0, kept = 0;
+	bool gone;
 	void *entry;
 
 	xas_lock(&xas);
 	xas_for_each(&xas, entry, ULONG_MAX) {
 		v = xa_to_value(entry);
 		r = xas.xa_index;
-		if (region_gen(v) == t->gen && (v & PR_IDLE)) {
+		gone = region_gen(v) != t->gen;
+		if (!gone) {
 			kept++;
-			continue;
-		}
-		if (region_gen(v) != t->gen)
+			if (!xas_get_mark(&xas, PR_BY_GEN))
+				continue;
+			xas_clear_mark(&xas, PR_BY_GEN);
+		} else {
 			xas_store(&xas, NULL);
-		else
-			kept++;
+		}
 		xas_pause(&xas);
 		xas_unlock(&xas);
-		drop_pages(t, r, t->gen, region_gen(v) != t->gen);
+		drop_pages(t, r, t->gen, gone);
 		if (++n % 64 == 0)
 			cond_resched();
 		xas_lock(&xas);

@@ -39,6 +39,7 @@ struct scan_batch {
 	bool windowed;		/* the period began with a window (scan_window()) */
 	struct pagetier_probe_list probe; /* units accessed in the last period, for probe.c */
 	struct pt_seen seen[PTRS_PER_PTE];
+	bool done[PTRS_PER_PTE]; /* record_batch(): which of seen[] merge_table() stored */
 };
 
 static bool in_sample(struct pagetier_target *t, unsigned long unit)
@@ -111,6 +112,63 @@ static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 	b->seen[b->n++] = (struct pt_seen){ index, nid, true, acc, young, kind, shared };
 }
 
+/* The page entry @old (0: none) as the scan saw unit @s this pass; @gen: its generation. */
+static unsigned long seen_val(const struct pagetier_target *t, struct pt_seen *s,
+			      unsigned long old, bool probing, unsigned long gen)
+{
+	unsigned long v;
+
+	s->listed = s->accessed || (old & PT_SEEN);
+	s->estimated = old & PT_PROBE_MASK;
+	v = (old & (PT_COUNT_MASK | PT_PROBE_MASK)) |
+	    ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) | (s->huge ? PT_HUGE : 0) |
+	    (gen << PT_GEN_SHIFT) |
+	    ((unsigned long)s->kind << PT_KIND_SHIFT) | (s->shared ? PT_SHARED : 0);
+	/* not accessed: no frequency; accessed: the last estimate stands until the probe's */
+	if (!s->listed || !probing)
+		v &= ~PT_PROBE_MASK;
+	if (s->accessed && (v & PT_COUNT_MASK) != PT_COUNT_MASK)
+		v++;
+	return v;
+}
+
+/*
+ * A table the walk read whole (its VMA covers all of its 2 MiB): the entries of its region are
+ * merged with what the scan saw, in one pass over them under the lock. An entry the scan did
+ * not see is gone (unmapped, freed, or now inside a huge mapping) and is erased here; one it
+ * saw is stored only if it changed, so the pages of a table that nobody touched cost a load
+ * each, not a store. Their generation is left as it was: it is only read for a region read in
+ * parts (record_batch()). Sets done[i] for each unit that had an entry.
+ */
+static void merge_table(struct pagetier_target *t, struct scan_batch *b, bool *done)
+{
+	unsigned long first = b->seen[0].index & ~(PT_REGION_PAGES - 1UL);
+	XA_STATE(xas, &t->pages, first);
+	unsigned long old, v;
+	unsigned int i = 0;
+	void *entry;
+
+	xas_lock(&xas);
+	xas_for_each(&xas, entry, first + PT_REGION_PAGES - 1) {
+		unsigned long index = xas.xa_index;
+
+		while (i < b->n && b->seen[i].index < index)
+			i++;
+		if (i == b->n || b->seen[i].index != index) {
+			xas_store(&xas, NULL); /* not seen in a table read whole: gone */
+			continue;
+		}
+		old = xa_to_value(entry);
+		v = seen_val(t, &b->seen[i], old, b->probing, (old & PT_GEN_MASK) >> PT_GEN_SHIFT);
+		if (v != old)
+			xas_store(&xas, xa_mk_value(v)); /* replaces a value: no allocation */
+		if (b->seen[i].accessed)
+			xas_set_mark(&xas, PT_ACCESSED);
+		done[i] = true;
+	}
+	xas_unlock(&xas);
+}
+
 /*
  * Store what the scan saw of a batch's units (one page table, or a huge mapping), under one hold
  * of the xarray's lock: taken for each unit, the lock cost more than the stores. A unit whose
@@ -118,38 +176,41 @@ static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
  * allocation that may sleep, with the lock dropped; one that finds no memory is left as it was.
  * Sets each unit's ``listed``: accessed in the last period (its Accessed bit, or a fault or probe
  * hit since the previous scan), so that the probes look at it.
+ *
+ * @whole: the walk read the table whole (merge_table(): the units already tracked are merged in
+ * place, and only new ones are stored here). Otherwise (a VMA boundary inside its 2 MiB) every
+ * unit is stored with this pass's generation, and the end of the pass forgets the region's
+ * entries of an older one (pagetier_region_drop_stale()).
  */
-static void record_batch(struct pagetier_target *t, struct scan_batch *b)
+static void record_batch(struct pagetier_target *t, struct scan_batch *b, bool whole)
 {
 	XA_STATE(xas, &t->pages, 0);
-	unsigned long old, v;
+	bool *done = b->done;
 	unsigned int i = 0;
 	void *entry;
 
+	if (!b->n)
+		return;
+	memset(done, 0, b->n * sizeof(*done));
+	if (whole)
+		merge_table(t, b, done);
 	xas_lock(&xas);
 	while (i < b->n) {
 		struct pt_seen *s = &b->seen[i];
 
+		if (done[i]) {
+			i++;
+			continue;
+		}
 		/* a table's pages come in address order: the next page's slot is the next one's */
-		if (i && s->index == b->seen[i - 1].index + 1) {
+		if (i && !done[i - 1] && s->index == b->seen[i - 1].index + 1) {
 			entry = xas_next(&xas);
 		} else {
 			xas_set(&xas, s->index);
 			entry = xas_load(&xas);
 		}
-		old = xa_is_value(entry) ? xa_to_value(entry) : 0;
-		s->listed = s->accessed || (old & PT_SEEN);
-		s->estimated = old & PT_PROBE_MASK;
-		v = (old & (PT_COUNT_MASK | PT_PROBE_MASK)) |
-		    ((unsigned long)(s->node + 1) << PT_NODE_SHIFT) | (s->huge ? PT_HUGE : 0) |
-		    ((unsigned long)t->gen << PT_GEN_SHIFT) |
-		    ((unsigned long)s->kind << PT_KIND_SHIFT) | (s->shared ? PT_SHARED : 0);
-		/* not accessed: no frequency; accessed: the last estimate stands until the probe's */
-		if (!s->listed || !b->probing)
-			v &= ~PT_PROBE_MASK;
-		if (s->accessed && (v & PT_COUNT_MASK) != PT_COUNT_MASK)
-			v++;
-		xas_store(&xas, xa_mk_value(v));
+		xas_store(&xas, xa_mk_value(seen_val(t, s, xa_is_value(entry) ?
+						     xa_to_value(entry) : 0, b->probing, t->gen)));
 		if (xas_error(&xas)) {
 			bool allocated;
 
@@ -171,7 +232,7 @@ static void record_batch(struct pagetier_target *t, struct scan_batch *b)
 }
 
 /* One page table (or huge mapping) read: its region, with the kinds of its pages. */
-static void note_region(struct pagetier_target *t, const struct scan_batch *b)
+static void note_region(struct pagetier_target *t, const struct scan_batch *b, bool whole)
 {
 	unsigned int i, node = b->seen[0].node, present = b->seen[0].huge ? PT_REGION_PAGES : b->n;
 	unsigned int accessed = 0;
@@ -193,7 +254,7 @@ static void note_region(struct pagetier_target *t, const struct scan_batch *b)
 	if (accessed >= PT_USED_PAGES)
 		kinds |= PR_USED;
 	pagetier_region_note(t, b->seen[0].index >> (PMD_SHIFT - PAGE_SHIFT), present, node, mixed,
-			     b->seen[0].huge, kinds);
+			     b->seen[0].huge, kinds, !whole);
 }
 
 /*
@@ -216,23 +277,25 @@ static bool scan_idle(struct pagetier_walk *w, unsigned long first, unsigned lon
 static void scan_unlocked(struct pagetier_walk *w)
 {
 	struct scan_batch *b = w->priv;
-	unsigned int i;
+	bool whole = !(w->table_start & ~PMD_MASK) && w->table_end == w->table_start + PMD_SIZE;
+	unsigned int i, accessed = 0;
 
 	if (b->n) {
-		note_region(w->t, b);
+		note_region(w->t, b, whole);
 		b->walked += b->seen[0].huge ? PT_REGION_PAGES : b->n;
 	}
-	record_batch(w->t, b);
+	record_batch(w->t, b, whole);
 	for (i = 0; i < b->n; i++) {
 		if (b->seen[i].listed && b->probing &&
 		    pagetier_probe_due(w->t, b->seen[i].index, b->seen[i].huge,
 				       b->seen[i].estimated))
 			pagetier_probe_note(&b->probe, b->seen[i].index, b->seen[i].huge);
-		if (b->seen[i].accessed)
-			atomic64_inc(&w->t->accesses);
+		accessed += b->seen[i].accessed;
 		b->shmem += b->seen[i].kind == PT_KIND_SHMEM;
 		b->file += b->seen[i].kind == PT_KIND_FILE;
 	}
+	if (accessed)
+		atomic64_add(accessed, &w->t->accesses);
 	b->tracked += b->n;
 	b->n = 0;
 }

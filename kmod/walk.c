@@ -404,6 +404,8 @@ static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *v
 		    !pmd_devmap(pmdval) && !pmd_table_young(w, vma, pmd, addr) &&
 		    w->idle(w, addr >> PMD_SHIFT, addr >> PMD_SHIFT))
 			continue;
+		w->table_start = addr;
+		w->table_end = next;
 		if (w->protects) /* the whole entry: a huge one changes whole */
 			pagetier_inval_start(&iv, vma, max(addr & PMD_MASK, vma->vm_start),
 					     min((addr & PMD_MASK) + PMD_SIZE, vma->vm_end));

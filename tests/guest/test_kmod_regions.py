@@ -224,3 +224,76 @@ def test_range_reads_refuse_bad_ranges(dev):
         finally:
             dev.detach(w.pid)
         assert w.stop() == 0
+
+
+# A target that maps 8 regions of 4 KiB pages, touches every page once, then on a line on its
+# stdin gives part of them back (below), and from then on touches one page of each region left
+# every millisecond, so that every pass reads the tables that remain.
+UNMAP_TARGET = r"""
+import ctypes, ctypes.util, mmap, sys, time
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+for f in (libc.munmap, libc.madvise):
+    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + ([ctypes.c_int] if f is libc.madvise else [])
+P, R = 4096, 2 << 20
+raw = libc.mmap(None, 9 * R, mmap.PROT_READ | mmap.PROT_WRITE,
+                mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+base = (raw + R - 1) // R * R
+assert libc.madvise(raw, 9 * R, 15) == 0  # MADV_NOHUGEPAGE
+for a in range(base, base + 8 * R, P):
+    ctypes.memset(a, 1, 1)
+print(base, flush=True)
+sys.stdin.readline()
+assert libc.madvise(base + 100 * P, 100 * P, 4) == 0  # MADV_DONTNEED: region 0 keeps its VMA
+assert libc.munmap(base + 2 * R + 256 * P, 64 * P) == 0  # region 2 now in two VMAs
+assert libc.munmap(base + 3 * R, R) == 0  # region 3 gone
+print("done", flush=True)
+left = [base + r * R for r in (0, 1, 2, 4, 5, 6, 7)]
+while True:
+    for a in left:
+        ctypes.memset(a, 2, 1)
+    time.sleep(0.001)
+"""
+
+
+@pytest.mark.parametrize("mode", ["fault", "abit"])
+def test_pages_given_back_are_forgotten(dev, mode):
+    """Pages a target gives back leave the records within two passes: dropped with
+    MADV_DONTNEED inside a table its VMA covers whole, unmapped from the middle of a table (which
+    is then read in two parts, one per VMA), and a whole 2 MiB unmapped; every other page stays
+    tracked, and the region records count what is left."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", UNMAP_TARGET], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        base = int(p.stdout.readline())
+        dev.attach(p.pid, mode, scan_period_ms=200)
+        try:
+            wait_scans(dev, p.pid, 3)
+            pages = np.arange(base, base + 8 * REGION, PAGE, dtype=np.uint64)
+            before = dev.read(p.pid)
+            assert np.isin(pages, before["addr"]).all()
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "done"
+            wait_scans(dev, p.pid, 3)
+            after = dev.read(p.pid)
+            regions = dev.read_regions(p.pid, start=base, end=base + 8 * REGION)
+        finally:
+            dev.detach(p.pid)
+    finally:
+        p.kill()
+        p.wait()
+    index = (pages - np.uint64(base)) // np.uint64(PAGE)
+    gone = ((index >= 100) & (index < 200)) | ((index >= 2 * 512 + 256) & (index < 2 * 512 + 320)) \
+        | ((index >= 3 * 512) & (index < 4 * 512))
+    have = np.isin(pages, after["addr"])
+    assert not have[gone].any(), [hex(int(a)) for a in pages[gone & have][:8]]
+    assert have[~gone].all(), [hex(int(a)) for a in pages[~gone & ~have][:8]]
+    want = {base + r * REGION: n for r, n in
+            [(0, 412), (1, 512), (2, 448), (4, 512), (5, 512), (6, 512), (7, 512)]}
+    assert {int(a): int(n) for a, n in zip(regions["addr"], regions["nr_present"])} == want
