@@ -326,6 +326,9 @@ struct pagetier_walk {
 	unsigned long entries;
 	unsigned long units;
 	bool (*idle)(struct pagetier_walk *w, unsigned long first, unsigned long last);
+	/* of @n page tables in a row from region @first, unused: how many from the first on
+	 * were carried over (the next one, if any, is to be read) */
+	unsigned long (*idle_run)(struct pagetier_walk *w, unsigned long first, unsigned long n);
 	unsigned long memo_pud, memo_pmd;
 	bool memo_pud_young, memo_pmd_young;
 	bool upper_only;
@@ -352,6 +355,9 @@ void pagetier_region_note(struct pagetier_target *t, unsigned long region, unsig
 			  bool in_parts);
 bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsigned long last,
 			  bool read_used, u64 *units, u64 *shmem, u64 *file);
+unsigned long pagetier_region_idle_run(struct pagetier_target *t, unsigned long first,
+				       unsigned long n, bool read_used, u64 *units, u64 *shmem,
+				       u64 *file);
 void pagetier_region_rewalk(struct pagetier_target *t, const u64 *addrs, unsigned long nr);
 void pagetier_region_drop_stale(struct pagetier_target *t);
 bool pagetier_region_carried(struct pagetier_target *t, unsigned long r);

@@ -149,6 +149,51 @@ bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsign
 }
 
 /**
+ * pagetier_region_idle_run() - carry over the regions of page tables in a row that were unused.
+ * @t: the target; called from its scan work only.
+ * @first: the region index of the first table.
+ * @n: the tables in a row from @first whose PMD's Accessed bit was clear.
+ * @read_used: as for pagetier_region_idle().
+ * @units: as for pagetier_region_idle().
+ * @shmem: as for pagetier_region_idle().
+ * @file: as for pagetier_region_idle().
+ *
+ * Each table is carried over on the terms pagetier_region_idle() sets for one, under one hold
+ * of the lock and one descent of the table for the run, up to the first that must be read.
+ *
+ * Context: no lock held. Return: how many from @first on were carried over (0 to @n).
+ */
+unsigned long pagetier_region_idle_run(struct pagetier_target *t, unsigned long first,
+				       unsigned long n, bool read_used, u64 *units, u64 *shmem,
+				       u64 *file)
+{
+	XA_STATE(xas, &t->regions, first);
+	unsigned long v, i, carried = 0, u;
+	void *entry;
+
+	xas_lock(&xas);
+	for (i = 0; i < n; i++) {
+		entry = i ? xas_next(&xas) : xas_load(&xas);
+		v = xa_is_value(entry) ? xa_to_value(entry) : 0;
+		if (!v || (v & (PR_HUGE | PR_REWALK)) || (read_used && (v & PR_USED)) ||
+		    (region_gen(v) == t->gen && !(v & PR_IDLE)))
+			break;
+		if (region_gen(v) == t->gen) /* carried over already in this pass */
+			continue;
+		v = (v & ~PR_GEN_MASK) | PR_IDLE | ((unsigned long)t->gen << PR_GEN_SHIFT);
+		xas_store(&xas, xa_mk_value(v)); /* replaces a value: no allocation */
+		carried++;
+		u = v & PR_PRESENT_MASK;
+		*units += u;
+		*shmem += (v & PR_SHMEM) ? u : 0;
+		*file += (v & PR_FILE) ? u : 0;
+	}
+	xas_unlock(&xas);
+	WRITE_ONCE(t->regions_idle, t->regions_idle + carried);
+	return i;
+}
+
+/**
  * pagetier_region_rewalk() - have the next pass read the page tables holding @addrs.
  * @t: the target.
  * @addrs: user addresses.

@@ -274,6 +274,15 @@ static bool scan_idle(struct pagetier_walk *w, unsigned long first, unsigned lon
 	return pagetier_region_idle(t, first, last, b->windowed, &b->tracked, &b->shmem, &b->file);
 }
 
+/* Page tables in a row whose PMDs' Accessed bits were clear: carry their regions over. */
+static unsigned long scan_idle_run(struct pagetier_walk *w, unsigned long first, unsigned long n)
+{
+	struct scan_batch *b = w->priv;
+
+	return pagetier_region_idle_run(w->t, first, n, b->windowed, &b->tracked, &b->shmem,
+					&b->file);
+}
+
 static void scan_unlocked(struct pagetier_walk *w)
 {
 	struct scan_batch *b = w->priv;
@@ -452,8 +461,10 @@ int pagetier_scan(struct pagetier_target *t)
 	}
 	w.cursor = t->cursor;
 	w.budget = READ_ONCE(pagetier_scan_budget);
-	if (upper)
+	if (upper) {
 		w.idle = scan_idle;
+		w.idle_run = scan_idle_run;
+	}
 	w.memo_pud = t->memo_pud;
 	w.memo_pmd = t->memo_pmd;
 	w.memo_pud_young = t->memo_pud_young;

@@ -368,6 +368,9 @@ static void walk_ptes(struct pagetier_walk *w, struct vm_area_struct *vma, pmd_t
 	pte_unmap_unlock(pte, ptl);
 }
 
+/* unused page tables in a row carried over in one call of the walk's idle_run */
+#define PMD_RUN 64
+
 static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *vma, pud_t *pud,
 			       unsigned long addr, unsigned long end)
 {
@@ -399,11 +402,25 @@ static unsigned long walk_pmds(struct pagetier_walk *w, struct vm_area_struct *v
 				return next;
 			continue;
 		}
-		/* a page table not used since the last pass: its region is carried over */
-		if (w->idle && pmd_present(pmdval) && !pmd_trans_huge(pmdval) &&
-		    !pmd_devmap(pmdval) && !pmd_table_young(w, vma, pmd, addr) &&
-		    w->idle(w, addr >> PMD_SHIFT, addr >> PMD_SHIFT))
-			continue;
+		/*
+		 * A page table not used since the last pass: its region is carried over, with
+		 * those of the unused tables that follow it (up to PMD_RUN in one call).
+		 */
+		if (w->idle_run && pmd_present(pmdval) && !pmd_trans_huge(pmdval) &&
+		    !pmd_devmap(pmdval) && !pmd_table_young(w, vma, pmd, addr)) {
+			unsigned long n = 1, last = (end - 1) >> PMD_SHIFT;
+
+			while (n < PMD_RUN && (addr >> PMD_SHIFT) + n <= last &&
+			       pmd_table_clear_unlocked(pmd + n))
+				n++;
+			n = w->idle_run(w, addr >> PMD_SHIFT, n);
+			if (n) {
+				w->entries += n - 1;
+				pmd += n - 1;
+				next = min(end, (addr & PMD_MASK) + n * PMD_SIZE);
+				continue;
+			}
+		}
 		w->table_start = addr;
 		w->table_end = next;
 		if (w->protects) /* the whole entry: a huge one changes whole */
