@@ -109,25 +109,19 @@ bool pagetier_region_idle(struct pagetier_target *t, unsigned long first, unsign
 	bool skip = true;
 	void *entry;
 
+	if (first == last) /* one page table: it must be known, and not huge */
+		return pagetier_region_idle_run(t, first, 1, read_used, units, shmem, file) == 1;
 	xas_lock(&xas);
-	if (first == last) { /* one page table: it must be known, and not huge */
-		entry = xas_load(&xas);
-		v = xa_is_value(entry) ? xa_to_value(entry) : 0;
-		if (!v || (v & (PR_HUGE | PR_REWALK)) || (read_used && (v & PR_USED)) ||
-		    (region_gen(v) == t->gen && !(v & PR_IDLE)))
+	xas_for_each(&xas, entry, last) {
+		v = xa_to_value(entry);
+		if ((v & PR_REWALK) || (read_used && (v & PR_USED)) ||
+		    (region_gen(v) == t->gen && !(v & PR_IDLE))) {
 			skip = false;
-	} else {
-		xas_for_each(&xas, entry, last) {
-			v = xa_to_value(entry);
-			if ((v & PR_REWALK) || (read_used && (v & PR_USED)) ||
-			    (region_gen(v) == t->gen && !(v & PR_IDLE))) {
-				skip = false;
-				break;
-			}
-			n++;
+			break;
 		}
-		skip = skip && n;
+		n++;
 	}
+	skip = skip && n;
 	if (skip) {
 		xas_set(&xas, first);
 		xas_for_each(&xas, entry, last) {

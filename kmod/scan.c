@@ -113,8 +113,8 @@ static void scan_pmd(struct pagetier_walk *w, struct vm_area_struct *vma, unsign
 }
 
 /* The page entry @old (0: none) as the scan saw unit @s this pass; @gen: its generation. */
-static unsigned long seen_val(const struct pagetier_target *t, struct pt_seen *s,
-			      unsigned long old, bool probing, unsigned long gen)
+static unsigned long seen_val(struct pt_seen *s, unsigned long old, bool probing,
+			      unsigned long gen)
 {
 	unsigned long v;
 
@@ -159,7 +159,7 @@ static void merge_table(struct pagetier_target *t, struct scan_batch *b, bool *d
 			continue;
 		}
 		old = xa_to_value(entry);
-		v = seen_val(t, &b->seen[i], old, b->probing, (old & PT_GEN_MASK) >> PT_GEN_SHIFT);
+		v = seen_val(&b->seen[i], old, b->probing, (old & PT_GEN_MASK) >> PT_GEN_SHIFT);
 		if (v != old)
 			xas_store(&xas, xa_mk_value(v)); /* replaces a value: no allocation */
 		if (b->seen[i].accessed)
@@ -209,8 +209,8 @@ static void record_batch(struct pagetier_target *t, struct scan_batch *b, bool w
 			xas_set(&xas, s->index);
 			entry = xas_load(&xas);
 		}
-		xas_store(&xas, xa_mk_value(seen_val(t, s, xa_is_value(entry) ?
-						     xa_to_value(entry) : 0, b->probing, t->gen)));
+		xas_store(&xas, xa_mk_value(seen_val(s, xa_is_value(entry) ? xa_to_value(entry) : 0,
+						     b->probing, t->gen)));
 		if (xas_error(&xas)) {
 			bool allocated;
 
