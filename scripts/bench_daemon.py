@@ -494,9 +494,14 @@ def run_scale_worker(tree: Path | None, size: int, intervals: int, policy: str, 
     return json.loads(out.strip().splitlines()[-1])
 
 
-def baseline_tree(rev: str) -> Path:
-    """``rev``'s pagetier exported into a temporary tree laid out as the installed package."""
-    tmp = Path(tempfile.mkdtemp(prefix="pagetier-baseline-"))
+def baseline_tree(rev: str, dest: Path | None = None) -> Path:
+    """``rev``'s pagetier exported into a tree laid out as the installed package: ``dest``
+    (created), or a temporary directory."""
+    if dest is None:
+        tmp = Path(tempfile.mkdtemp(prefix="pagetier-baseline-"))
+    else:
+        tmp = dest
+        tmp.mkdir(parents=True)
     pkg = tmp / "pagetier"
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "pagetier", "daemon",
                               "profiler", "policies", "kmod/include"], check=True, capture_output=True).stdout

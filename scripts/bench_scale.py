@@ -125,6 +125,39 @@ def build_rev(rev: str, releases: list[str], which: str, after_rev: str = "tree"
                         f"O={out}", "module"], check=True, stdout=subprocess.DEVNULL)
 
 
+def daemon_tree(rev: str) -> Path:
+    """Where git revision ``rev``'s daemon is exported for --daemon-before (build/, which the
+    guest sees): build/daemon-rev-<its commit, 12 digits>, laid out as the installed package."""
+    got = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "--verify",
+                          f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if got.returncode != 0:
+        raise SystemExit(f"bench_scale: --daemon-before {rev}: not a git revision of {REPO}")
+    return REPO / "build" / f"daemon-rev-{got.stdout.strip()}"
+
+
+def export_daemon(rev: str) -> Path:
+    """``rev``'s daemon in daemon_tree(rev), exported (with its compiled helpers built) unless
+    it is there already; a tree half made by an interrupted export is never left in its place."""
+    dest = daemon_tree(rev)
+    if dest.is_dir():
+        return dest
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench_daemon
+
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    bench_daemon.baseline_tree(rev, tmp)
+    tmp.rename(dest)
+    return dest
+
+
+def use_tree(root: Path) -> None:
+    """From now on, this process imports pagetier from ``root`` (a daemon_tree): the modules
+    already imported from this checkout are forgotten. For a forked child only."""
+    for name in [m for m in sys.modules if m == "pagetier" or m.startswith("pagetier.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(root))
+
+
 # ------------------------------------------------------------------ guest side: the pieces
 class Ticks:
     """The workload's JSON lines, read without blocking (drain) or until the next tick."""
@@ -434,36 +467,61 @@ def daemon_view(state, pid: int, lo: int, hi: int, hot_pages: int,
     return out
 
 
-def fork_watched_daemon(ready: dict, options: dict, budget_mb: int) -> tuple[int, int]:
+def fork_watched_daemon(ready: dict, options: dict, budget_mb: int,
+                        profile: Path | None = None, root: Path | None = None) -> tuple[int, int]:
     """The pagetier daemon (heuristic policy, 1 s intervals, kmod ``options``) on the workload
     in a forked child, as bench live forks it (pagetier/bench/live.py fork_run), each
     interval's JSON stats line also carrying "view": daemon_view of the state after the step,
     with "t" (time.monotonic() as the step began: its read follows at once) and "cpu_s" (the
-    view's own CPU, not the daemon's). Returns (child pid, read end of its lines)."""
+    view's own CPU, not the daemon's). ``profile``: the child's whole run under cProfile, on
+    its CPU time (the waits between reads cost nothing there), written to that file as it
+    stops (``python -m pstats FILE``). ``root``: the daemon of that tree (daemon_tree), not
+    this checkout's. Returns (child pid, read end of its lines)."""
     from pagetier.bench import live
-    from pagetier.daemon import config as config_mod
-    from pagetier.daemon.loop import Daemon
-    from pagetier.daemon.numab import NumaBalancing
 
     pid, lo, hi = ready["pid"], ready["addr"], ready["addr"] + ready["size"]
     hot_pages = ready["hot_size"] // PAGE
-    cfg = config_mod.load(None, {"policy": "heuristic", "fast_budget": f"{budget_mb}M",
-                                 "interval": 1.0, "json": True, "profiler": "kmod",
-                                 "profiler_options": options})
-    config_mod.check_nodes(cfg)
-
-    class Watched(Daemon):
-        def step(self, boundary: bool = False) -> dict:
-            t = time.monotonic()
-            stats = super().step(boundary)
-            if not boundary:
-                c0 = time.process_time()
-                view = daemon_view(self.state, pid, lo, hi, hot_pages, rng)
-                stats["view"] = dict(view, t=t, cpu_s=time.process_time() - c0)
-            return stats
-
     rng = np.random.default_rng(1)
-    return live.fork_run(lambda out: Watched(cfg, pids=[pid], numab=NumaBalancing(), out=out))
+
+    def build(out):  # in the child
+        if root is not None:
+            use_tree(root)
+            import pagetier
+
+            if not Path(pagetier.__file__).resolve().is_relative_to(root.resolve()):
+                raise RuntimeError(f"the daemon of {root} imported {pagetier.__file__}")
+        from pagetier.daemon import config as config_mod
+        from pagetier.daemon.loop import Daemon
+        from pagetier.daemon.numab import NumaBalancing
+
+        class Watched(Daemon):
+            def step(self, boundary: bool = False) -> dict:
+                t = time.monotonic()
+                stats = super().step(boundary)
+                if not boundary:
+                    c0 = time.process_time()
+                    view = daemon_view(self.state, pid, lo, hi, hot_pages, rng)
+                    stats["view"] = dict(view, t=t, cpu_s=time.process_time() - c0)
+                return stats
+
+            def run(self) -> int:
+                if profile is None:
+                    return super().run()
+                import cProfile
+
+                prof = cProfile.Profile(time.process_time)
+                try:
+                    return prof.runcall(super().run)
+                finally:
+                    prof.dump_stats(str(profile))
+
+        cfg = config_mod.load(None, {"policy": "heuristic", "fast_budget": f"{budget_mb}M",
+                                     "interval": 1.0, "json": True, "profiler": "kmod",
+                                     "profiler_options": options})
+        config_mod.check_nodes(cfg)
+        return Watched(cfg, pids=[pid], numab=NumaBalancing(), out=out)
+
+    return live.fork_run(build)
 
 
 def process_cpu_s(pid: int) -> float:
@@ -543,16 +601,23 @@ class Settling:
         self.dev.close()
 
 
-def measure_daemon(ready: dict, ticks: Ticks, mode: str, a) -> dict:
+def measure_daemon(ready: dict, ticks: Ticks, mode: str, a, root: Path | None = None,
+                   tag: str = "") -> dict:
     """The pagetier daemon (heuristic policy, budget twice the hot set, the daemon's scan
     period, kmod options DAEMON_OPTIONS[mode]) on the workload. Its intervals are counted from
     the first after a.daemon_warm of them and, unless --no-settle, after the module's passes
     over the target fit in one period (Settling): its CPU per interval (the step's, and the
     whole process's per second, the view's own CPU taken off), the module's CPU while it runs,
     the mode the target got, and the precision and recall of its view of the hot set per
-    interval (score_views)."""
+    interval (score_views). ``root``: the daemon of that tree (--daemon-before), ``tag`` its
+    name in the profile's file name."""
     t0 = time.monotonic()
-    child, fd = fork_watched_daemon(ready, DAEMON_OPTIONS[mode], 2 * (ready["hot_size"] >> 20))
+    prof_path = None
+    if a.profile:
+        out_dir = Path(a.json).parent if a.json else Path(os.environ.get("PAGETIER_VM_OUT", "/tmp"))
+        prof_path = out_dir / f"daemon-{ready['size'] >> 20}M-{mode}{tag}.prof"
+    child, fd = fork_watched_daemon(ready, DAEMON_OPTIONS[mode], 2 * (ready["hot_size"] >> 20),
+                                    prof_path, root)
     from pagetier.bench import live
 
     lines = live.Lines(fd)
@@ -612,6 +677,38 @@ def measure_daemon(ready: dict, ticks: Ticks, mode: str, a) -> dict:
             "units_med": statistics.median(s["units"] for s in kept[1:]),
             "promoted": sum(s["promoted"] for s in stats), "demoted": sum(s["demoted"] for s in stats),
             **score_views([s["view"] for s in kept[1:] if "view" in s], log, ready)}
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Of repeated daemon runs, the one with the median CPU (a run that failed counts as the
+    costliest)."""
+    def cost(r):
+        return float("inf") if "error" in r else (r.get("process_cpu") or r["cpu_s_mean"])
+    return sorted(runs, key=cost)[(len(runs) - 1) // 2]
+
+
+def measure_daemons(cell: dict, ready: dict, ticks: Ticks, mode: str, a, save) -> None:
+    """The daemon in ``mode`` on the workload, --daemon-repeat times, and as many times the
+    daemon of --daemon-before beside it, the two taking turns (the first turn goes to the one
+    that went second in the last): cell["daemon"][mode] and [mode@REV], the median run of each
+    (all runs in cell["daemon_runs"] when repeated)."""
+    whos = [(mode, None, "")]
+    if a.daemon_before:
+        root = daemon_tree(a.daemon_before)
+        rev = root.name.removeprefix("daemon-rev-")[:7]
+        whos.append((f"{mode}@{rev}", root, f"-{rev}"))
+    runs: dict[str, list] = {}
+    for k in range(a.daemon_repeat):
+        for key, root, tag in (whos if k % 2 == 0 else whos[::-1]):
+            d = measure_daemon(ready, ticks, mode, a, root,
+                               tag + (f"-{k + 1}" if a.daemon_repeat > 1 else ""))
+            runs.setdefault(key, []).append(d)
+            print(f"  daemon {key}: {d}", flush=True)
+    for key, rs in runs.items():
+        cell.setdefault("daemon", {})[key] = median_run(rs)
+        if len(rs) > 1:
+            cell.setdefault("daemon_runs", {})[key] = rs
+    save()
 
 
 def sparse_rows(kos: dict[str, Path], modes: list[str]) -> list[dict]:
@@ -691,10 +788,7 @@ def measure_cell(cell: dict, kos: dict[str, Path], ready: dict, ticks: Ticks, a,
             dev.close()
         if name == "after" and a.daemon and not cell["thp"]:
             for mode in a.daemon_modes:
-                d = measure_daemon(ready, ticks, mode, a)
-                cell.setdefault("daemon", {})[mode] = d
-                print(f"  daemon {mode}: {d}", flush=True)
-                save()
+                measure_daemons(cell, ready, ticks, mode, a, save)
     swap_module(None, ready["pid"])
     if damon:
         r = measure_damon(ready, ticks, a, rng)
@@ -714,6 +808,10 @@ def guest_main(a) -> int:
     if missing:
         print(f"bench_scale: missing {', '.join(missing)} (run it from the host, which builds the "
               "'before' module; build the working tree's with make -C kmod)", file=sys.stderr)
+        return 1
+    if a.daemon_before and not daemon_tree(a.daemon_before).is_dir():
+        print(f"bench_scale: missing {daemon_tree(a.daemon_before)} (run it from the host, which "
+              "exports --daemon-before's daemon there)", file=sys.stderr)
         return 1
     damon = Path("/sys/kernel/mm/damon/admin").exists() and not a.no_damon
     doc = {"kernel": release, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -825,7 +923,9 @@ def end_to_end(thp: bool, dmodes: list[str], sizes: list[int], cell, head) -> li
              "interval, median/max; module: STATS scan + probe time under the daemon; P/R: "
              "median/min of P, median/min of R per interval, of the daemon's units ranked by "
              "heat and of DAMON's regions by nr_accesses)", "", *head("who", "hot set")]
+    totals = {}  # (mode, motion, size) -> (daemon, module + daemon), for the ratios to a REV's
     for m in dmodes:
+        base, _, rev = m.partition("@")
         for motion in ("still", "moving"):
             got = {}
             for s in sizes:
@@ -838,6 +938,8 @@ def end_to_end(thp: bool, dmodes: list[str], sizes: list[int], cell, head) -> li
                 own = d.get("process_cpu")
                 daemon = own if own is not None else d["cpu_s_mean"]
                 total = daemon + (d["module_cpu"] or 0)
+                totals[m, motion, s] = (daemon, total)
+                mine = totals.get((base, motion, s), (None, None)) if rev else (None, None)
                 got[s] = {
                     "ran": d.get("ran", "?"),
                     "cpu": f"{100 * daemon:.1f}%{'' if own is not None else '*'} "
@@ -847,14 +949,19 @@ def end_to_end(thp: bool, dmodes: list[str], sizes: list[int], cell, head) -> li
                     "kdamond": "-" if k is None else f"{100 * k:.1f}%",
                     "ratio": _ratio(total, k),
                     "view": _pr(d.get("heat_pr")),
-                    "damon": _pr(c.get("damon"))}
+                    "damon": _pr(c.get("damon")),
+                    "vs_daemon": _ratio(mine[0], daemon), "vs_total": _ratio(mine[1], total)}
             if all(g["ran"] == "-" for g in got.values()):
                 continue
             for key, label in (("ran", f"daemon {m}: the target's mode"),
                                ("cpu", "daemon"), ("module", "module under the daemon"),
                                ("total", "module + daemon"), ("kdamond", "kdamond"),
                                ("ratio", "(module + daemon) / kdamond"),
-                               ("view", "P/R daemon's view (heat)"), ("damon", "P/R DAMON")):
+                               ("view", "P/R daemon's view (heat)"), ("damon", "P/R DAMON"),
+                               ("vs_daemon", f"daemon: this tree / git {rev}"),
+                               ("vs_total", f"module + daemon: this tree / git {rev}")):
+                if key.startswith("vs_") and not rev:
+                    continue
                 lines.append(f"| {label} | {motion} | "
                              + " | ".join(got[s].get(key, "-") for s in sizes) + " |")
     return lines + [""]
@@ -1115,6 +1222,8 @@ def host_main(a, argv: list[str]) -> int:
                 print(f"bench_scale: {p} is missing: make -C kmod KERNEL_DIR=/lib/modules/{rel}/build",
                       file=sys.stderr)
                 return 1
+    if a.daemon_before:
+        export_daemon(a.daemon_before)
     fast, slow = size_mb(a.fast), size_mb(a.slow)
     if fast + slow > MEMORY_LIMIT_MB:
         print(f"bench_scale: --fast + --slow is over {MEMORY_LIMIT_MB} MiB", file=sys.stderr)
@@ -1140,6 +1249,8 @@ def host_main(a, argv: list[str]) -> int:
             res = vm.run(cmd, kernel=k, fast=label_mb(fast), slow=label_mb(slow),
                          hmat=(k == "6.12"), echo=True, timeout=a.timeout)
         out = res.outdir / RESULT_NAME
+        for f in sorted(res.outdir.glob("daemon-*.prof")) if a.profile else ():
+            print(f"bench_scale: the daemon's profile: {f} (python -m pstats {f})")
         if out.exists():
             docs.append(json.loads(out.read_text()))
             docs[-1]["vm_seconds"] = round(res.seconds)
@@ -1216,6 +1327,17 @@ def parse(argv: list[str]):
                     help="the daemon's kmod modes: auto (its default: kinds auto chooses per "
                          "target), abit, fault (kinds off)")
     ap.add_argument("--daemon-warm", type=int, default=4, help="daemon intervals not counted")
+    ap.add_argument("--daemon-before", metavar="REV",
+                    help="--daemon: also the daemon of git revision REV (exported to "
+                         "build/daemon-rev-<commit>), on the same module and workload, the two "
+                         "daemons taking turns; the table adds their ratio")
+    ap.add_argument("--daemon-repeat", type=int, default=1,
+                    help="--daemon: runs of each daemon per cell (the median run is shown)")
+    ap.add_argument("--profile", action="store_true",
+                    help="--daemon: run each daemon under cProfile (its CPU time), saved as "
+                         "daemon-<footprint>M-<mode>.prof beside the results in the run's output "
+                         "directory (build/vm/...); its CPU figures then include the "
+                         "profiler's own cost")
     ap.add_argument("--sparse", action="store_true", help="also the sparse-address-space rows")
     ap.add_argument("--only-sparse", action="store_true", help="the sparse rows alone")
     ap.add_argument("--json", help="guest: write the results here")
@@ -1235,6 +1357,10 @@ def parse(argv: list[str]):
     a.daemon_modes = [m for m in a.daemon_modes.split(",") if m]
     if a.only_sparse:
         a.footprints, a.sparse = [], True
+    if a.daemon_repeat < 1:
+        ap.error("--daemon-repeat must be at least 1")
+    if a.daemon_before and not a.daemon:
+        ap.error("--daemon-before needs --daemon")
     bad = ([m for m in a.modes if m not in ("abit", "fault")]
            + [m for m in a.daemon_modes if m not in DAEMON_OPTIONS]
            + [m for m in a.modules if m not in ("before", "after")]

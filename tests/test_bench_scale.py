@@ -123,6 +123,34 @@ def test_render_shows_the_end_to_end_table(bench):
     assert "| daemon | still | 4.5%* (40/90) | 5.0% (40/90) |" in bench.render(doc)
 
 
+def test_render_sets_the_daemon_beside_the_one_of_a_revision(bench):
+    """--daemon-before: the revision's daemon gets rows of its own, and the tree's own daemon
+    and module + daemon are given as ratios to it."""
+    cells = [{"size_mb": 8192, "thp": False, "motion": "still", "module": {},
+              "daemon": {"abit": _daemon(0.05, 0.2), "abit@1234567": _daemon(0.1, 0.2)}}]
+    doc = {"kernel": "6.12.117", "date": "2026-12-08 01:00 UTC", "before": "x",
+           "args": {"after": "tree"}, "modules": {}, "cells": cells}
+    text = bench.render(doc)
+    assert "| daemon abit@1234567: the target's mode | still | abit |" in text
+    assert "| daemon: this tree / git 1234567 | still | 0.50x |" in text
+    assert "| module + daemon: this tree / git 1234567 | still | 0.83x |" in text
+    assert text.count("this tree / git") == 2  # not under the tree's own rows
+
+
+def test_median_run_counts_a_failed_run_as_the_costliest(bench):
+    runs = [_daemon(0.3), {"error": "the daemon gave 1 intervals"}, _daemon(0.1)]
+    assert bench.median_run(runs)["process_cpu"] == 0.3
+    assert bench.median_run(runs[:1])["process_cpu"] == 0.3
+
+
+def test_daemon_before_names_a_bad_revision(bench):
+    with pytest.raises(SystemExit, match="--daemon-before no-such-rev: not a git revision"):
+        bench.daemon_tree("no-such-rev")
+    assert bench.daemon_tree("HEAD").name.startswith("daemon-rev-")
+    with pytest.raises(SystemExit):
+        bench.parse(["--daemon-before", "HEAD"])  # needs --daemon
+
+
 def test_render_shows_the_attach_transient(bench):
     """A mode's cell says how long its passes took to fit in one period after the attach."""
     trail = [(1, 10, 1.0, 1.0, 0), (1, 10, 1.0, 1.0, 0)]
