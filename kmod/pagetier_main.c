@@ -236,9 +236,10 @@ static long read_records(struct read_req *q)
 	void *chunk;
 
 	chunk = kmalloc_array(per_chunk, size, GFP_KERNEL);
-	if (q->regions)
+	/* the pages a reset takes counts off (up to 384 KiB): only a reset needs them */
+	if (q->regions && (q->flags & PAGETIER_READ_RESET))
 		pages = kvmalloc_array(per_chunk * PT_REGION_PAGES, sizeof(*pages), GFP_KERNEL);
-	if (!chunk || (q->regions && !pages)) {
+	if (!chunk || (q->regions && (q->flags & PAGETIER_READ_RESET) && !pages)) {
 		ret = -ENOMEM;
 		goto out_free;
 	}

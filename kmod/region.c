@@ -312,6 +312,8 @@ static void sum_pages(struct pagetier_target *t, unsigned long r, bool carried,
 		count += v & PT_COUNT_MASK;
 		freq += carried ? 0 : pagetier_entry_freq(t, v);
 		rec->nr_accessed++;
+		if (!pages)
+			continue;
 		/* the page list a READ_RESET takes the counts reported off */
 		pages[(*nr_pages)++] = (struct pagetier_record){
 			.addr = (u64)xas.xa_index << PAGE_SHIFT,
@@ -394,8 +396,8 @@ static bool next_region(struct pagetier_target *t, u32 flags, unsigned long *r,
  * @want: room in @out.
  * @more: out: whether regions may remain from *@index on.
  * @pages: out: the per-page records added up (address and count), for a reset; room for
- *	   @want * PT_REGION_PAGES.
- * @nr_pages: out: how many.
+ *	   @want * PT_REGION_PAGES. NULL: not needed (no reset).
+ * @nr_pages: out: how many (0 without @pages).
  *
  * The region table and the page counts are read under their own locks, one after the other
  * (never nested): a region's entry and its counts may be a scan apart.

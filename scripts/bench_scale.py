@@ -20,7 +20,10 @@ set still, then (SIGUSR2) moving every --phase-s seconds, in turn by:
   module at the daemon's default scan period, in each --daemon-modes: by default the daemon's
   own choice of mode) on the still and on the moving hot set, THP off: its CPU, and the
   precision and recall of its view (what its state ranks hottest after each interval's step,
-  by heat and by the interval's rate) against the hot window of most of that interval.
+  by heat and by the interval's rate) against the hot window of most of that interval;
+  --daemon-before REV runs git revision REV's daemon beside it (on the same module and
+  workload, the two taking turns, --daemon-repeat times each), and --profile saves each
+  daemon's cProfile beside the results.
 
 Columns of the tables:
 - ms/pass: the module's time (STATS scan_ns + probe_ns) per full pass (STATS scans); /s: full
@@ -30,7 +33,8 @@ Columns of the tables:
 - P/R: per-interval precision and recall of the hottest units by count, taken until they cover
   the hot set's size (ties in random order), against the tick's hot window, median/min over the
   intervals; "regions": the same from the "after" module's region records (2 MiB each);
-- read: CPU ms of this process's accessed-only READ per interval;
+- read: CPU ms of this process's accessed-only READ per interval; look: its READ_REGIONS of
+  the accessed regions without a reset (what the daemon's looks between reads ask);
 - kdamond: its CPU (/proc/<pid>/stat) in % of one CPU; DAMON's P/R ranks its regions by
   nr_accesses; end to end: the daemon's CPU (the whole process per second, and its step per
   1 s interval, median/max, after --daemon-warm intervals and the module's attach transient:
@@ -44,6 +48,8 @@ Runs:
     scripts/bench_scale.py                       # boots 6.12 (HMAT) and 6.1, prints the tables
     scripts/bench_scale.py --kernels 6.12 --footprints 256M,512M --intervals 4   # a quick look
     scripts/bench_scale.py --daemon --sparse -o docs/scale.md   # all, and a dated section there
+    scripts/bench_scale.py --kernels 6.12 --footprints 8G --thp off --hot still --modules after \
+        --daemon --daemon-before main --daemon-repeat 2     # a daemon change against main
     scripts/vm --kernel 6.12 --hmat --fast 2G --slow 10G -- \\
         .venv/bin/python scripts/bench_scale.py --guest --footprints 1G
     scripts/bench_scale.py --from-json build/vm/6.12-x/bench-scale.json -o docs/scale.md
@@ -326,11 +332,13 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
         waits0 = window_waits()
         pr = {"count": [], "freq": []}
         pr_reg = {"count": [], "freq": []}
-        read_s, trail = [], []
+        read_s, look_s, trail = [], [], []
         for _ in range(a.intervals):
             tick = ticks.next()
             if regions:  # the region records (what the daemon reads past 1 GiB), then the pages
-                reg = dev.read_regions(pid, accessed_only=True)
+                c0 = time.thread_time()
+                reg = dev.read_regions(pid, accessed_only=True)  # as the daemon's looks read
+                look_s.append(time.thread_time() - c0)
                 reg = reg[(reg["addr"] >= lo) & (reg["addr"] < hi)]
                 for m, got in pr_reg.items():
                     got.append(score(reg["addr"], np.full(len(reg), HUGE_PAGES, np.int64),
@@ -362,7 +370,9 @@ def measure_module(dev, ready: dict, ticks: Ticks, mode: str, a, rng) -> dict:
            "ms_per_pass": busy / passes / 1e6, "cpu": busy / 1e9 / (t1 - t0),
            "entries_per_pass": d["walk_entries"] / passes, "resumes": d["scan_resumes"],
            "pages_tracked": st1["pages_tracked"], "read_ms": 1e3 * statistics.median(read_s),
-           "read_ms_max": 1e3 * max(read_s), **pr_summary(pr["count"]),
+           "read_ms_max": 1e3 * max(read_s),
+           "look_ms": 1e3 * statistics.median(look_s) if look_s else None,
+           **pr_summary(pr["count"]),
            "freq_pr": pr_summary(pr["freq"]), "trail": trail,
            "window_waits": None if waits0 is None else waits1 - waits0, "settle": settle,
            # where a pass's time goes: the walk (and window) against the probes, busy time;
@@ -782,7 +792,9 @@ def measure_cell(cell: dict, kos: dict[str, Path], ready: dict, ticks: Ticks, a,
                       f"P {r['p_med']:.3f}/{r['p_min']:.3f} R {r['r_med']:.3f}/{r['r_min']:.3f}"
                       f" (freq P {fq['p_med']:.3f} R {fq['r_med']:.3f})"
                       + (f" regions P {reg['p_med']:.3f} R {reg['r_med']:.3f}" if reg else "")
-                      + f" read {r['read_ms']:.1f} ms", flush=True)
+                      + f" read {r['read_ms']:.1f} ms"
+                      + (f" look {r['look_ms']:.1f} ms" if r.get("look_ms") is not None else ""),
+                      flush=True)
                 save()
         finally:
             dev.close()
@@ -1117,7 +1129,9 @@ def render(doc: dict) -> str:
         # DAMON and the daemon: CPU
         if any((cell(s, thp, "still") or {}).get("damon") for s in sizes):
             lines += [f"**CPU, THP {'on' if thp else 'off'}, still** (% of one CPU; read: "
-                      "this process's READ per interval, ms; the daemon: the end-to-end table)", "",
+                      "this process's READ per interval, ms; look: its READ_REGIONS of the accessed regions "
+                      "without a reset, as the daemon's looks between reads, ms; the daemon: the "
+                      "end-to-end table)", "",
                       "| | " + " | ".join(label_mb(s) for s in sizes) + " |",
                       "|---" * (len(sizes) + 1) + "|"]
             rows = {"kdamond": [], "DAMON regions": []}
@@ -1128,6 +1142,8 @@ def render(doc: dict) -> str:
             for k in keys:
                 rows[f"read {k}"] = [f"{c['module'][k]['read_ms']:.1f}" if c and k in c["module"]
                                      else "-" for c in (cell(s, thp, "still") for s in sizes)]
+                rows[f"look {k}"] = [_f((c["module"].get(k) or {}).get("look_ms")) if c else "-"
+                                     for c in (cell(s, thp, "still") for s in sizes)]
             for k, row in rows.items():
                 lines.append(f"| {k} | " + " | ".join(row) + " |")
             lines.append("")
