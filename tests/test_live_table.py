@@ -231,6 +231,31 @@ def test_a_policy_with_options_is_a_configuration_of_its_own():
         live_bench.config_names("heuristic+finish_change")
 
 
+def test_a_configuration_may_set_pagetier_ko_knobs(tmp_path, monkeypatch):
+    """``POLICY+kmod.KNOB=N``: that configuration's runs with pagetier.ko's sysfs knob set, the
+    knob put back after each; the policy never sees it. A knob the module has not is an error
+    naming it, with nothing written; a value that is not a whole number is refused at once."""
+    from pagetier.profiler import kmod
+
+    assert live_bench.config_names("heuristic,heuristic+kmod.upper_window_ms=0", "") == [
+        "pagetier:heuristic", "pagetier:heuristic+kmod.upper_window_ms=0"]
+    name, options = live_bench.policy_spec("heuristic+kmod.upper_window_ms=0+margin=0.5")
+    assert live_bench.kmod_knobs(options) == ({"margin": 0.5}, {"upper_window_ms": "0"})
+    with pytest.raises(ConfigError, match="kmod.KNOB=N"):
+        live_bench.policy_spec("heuristic+kmod.upper_window_ms=off")
+    monkeypatch.setattr(kmod, "SYSFS", tmp_path)
+    (tmp_path / "upper_window_ms").write_text("20\n")
+    (tmp_path / "probe_every").write_text("1\n")
+    before = live_bench.set_kmod_knobs({"upper_window_ms": "0", "probe_every": "4"})
+    assert before == {"upper_window_ms": "20", "probe_every": "1"}
+    assert (tmp_path / "upper_window_ms").read_text() == "0"
+    live_bench.set_kmod_knobs(before)
+    assert (tmp_path / "upper_window_ms").read_text() == "20"
+    with pytest.raises(ConfigError, match="no knob 'nope'"):
+        live_bench.set_kmod_knobs({"upper_window_ms": "0", "nope": "1"})
+    assert (tmp_path / "upper_window_ms").read_text() == "20"
+
+
 def _doc():
     recs = [_rec("kernel", [0.5, 1.0, 1.0], moved_mb=64.0), _rec("pagetier:heuristic",
                                                                  [0.2, 0.97, 1.0], moved_mb=70.0)]

@@ -359,9 +359,14 @@ def daemon_profiler_options(name: str, spec: Spec) -> dict:
     return out
 
 
+KNOB_PREFIX = "kmod."  # a --policies option that is pagetier.ko's sysfs knob, not the policy's
+
+
 def policy_spec(text: str) -> tuple[str, dict]:
     """A ``--policies`` entry: ``POLICY`` or ``POLICY+KEY=VALUE+...`` (the policy's options, as
-    the config's policy_options), e.g. ``heuristic+finish_change=false``: (name, options)."""
+    the config's policy_options), e.g. ``heuristic+finish_change=false``: (name, options).
+    Keys ``kmod.KNOB`` are pagetier.ko's sysfs knobs for that configuration's runs
+    (:func:`kmod_knobs`), kept in the options under that name."""
     name, *pairs = text.split("+")
     out = {}
     for kv in pairs:
@@ -369,8 +374,50 @@ def policy_spec(text: str) -> tuple[str, dict]:
         if not eq or not k.strip():
             raise ConfigError(f"bench live: --policies {text!r}: give POLICY+KEY=VALUE, got "
                               f"{kv!r}")
-        out[k.strip().replace("-", "_")] = config_mod.parse_value(v.strip())
+        k = k.strip().replace("-", "_")
+        if k.startswith(KNOB_PREFIX):
+            knob = k[len(KNOB_PREFIX):]
+            if not knob.isidentifier() or not v.strip().isdigit():
+                raise ConfigError(f"bench live: --policies {text!r}: {kv!r}: give "
+                                  f"{KNOB_PREFIX}KNOB=N, a knob of {kmod_sysfs()} and a whole "
+                                  "number")
+            out[k] = v.strip()
+            continue
+        out[k] = config_mod.parse_value(v.strip())
     return name.strip(), out
+
+
+def kmod_knobs(options: dict) -> tuple[dict, dict]:
+    """(the policy's options, pagetier.ko's knobs: name -> value) of policy_spec's options."""
+    knobs = {k[len(KNOB_PREFIX):]: v for k, v in options.items() if k.startswith(KNOB_PREFIX)}
+    return {k: v for k, v in options.items() if not k.startswith(KNOB_PREFIX)}, knobs
+
+
+def kmod_sysfs() -> Path:
+    from pagetier.profiler import kmod
+
+    return kmod.SYSFS
+
+
+def set_kmod_knobs(knobs: dict) -> dict:
+    """Write pagetier.ko's sysfs ``knobs``; returns their values before, for
+    :func:`set_kmod_knobs` to put back. A knob the module has not is an error naming it, with
+    nothing written."""
+    root = kmod_sysfs()
+    missing = [k for k in knobs if not (root / k).is_file()]
+    if missing:
+        raise ConfigError(f"bench live: pagetier.ko has no knob {missing[0]!r} "
+                          f"({root / missing[0]} does not exist)")
+    old = {k: (root / k).read_text().strip() for k in knobs}
+    done = {}
+    try:
+        for k, v in knobs.items():
+            (root / k).write_text(str(v))
+            done[k] = old[k]
+    except OSError as e:
+        set_kmod_knobs(done)
+        raise ConfigError(f"bench live: cannot set pagetier.ko's {k} to {v}: {e}") from None
+    return old
 
 
 def config_names(policies: str, baselines: str = DEFAULT_BASELINES,
@@ -389,6 +436,7 @@ def config_names(policies: str, baselines: str = DEFAULT_BASELINES,
         name, options = policy_spec(p)
         if name not in base.known():
             raise ConfigError(f"bench live: unknown policy {name!r} (known: {', '.join(base.known())})")
+        options, _ = kmod_knobs(options)
         if options:
             from pagetier.policies import create
 
@@ -604,6 +652,7 @@ def fork_daemon(pid: int, policy: str, spec: Spec,
     from pagetier.daemon.numab import NumaBalancing
 
     name, policy_options = policy_spec(policy)
+    policy_options, _ = kmod_knobs(policy_options)  # set by the run (ConfigRun.start_daemon)
     overrides = {"policy": name, "fast_budget": f"{spec.budget_mb}M", "interval": spec.interval_s,
                  "json": True, "profiler": "kmod", "policy_options": policy_options,
                  "profiler_options": options}
@@ -672,6 +721,7 @@ class ConfigRun:
         self.capacity = FastCapacity(FAST)
         self.proc = self.wl = self.ready = None
         self.daemon_pid = self.daemon_fd = self.dm = None
+        self.knobs_before: dict = {}  # pagetier.ko's knobs this run set, as they were
         self.dstats: list[dict] = []
         self.ticks: list[dict] = []
         self.samples: list[dict] = []
@@ -714,6 +764,9 @@ class ConfigRun:
         if not self.name.startswith("pagetier:"):
             return
         policy, _ = config_mode(self.name, self.spec)
+        _, knobs = kmod_knobs(policy_spec(policy)[1])
+        if knobs:  # this configuration's pagetier.ko knobs, put back by cleanup()
+            self.knobs_before = set_kmod_knobs(knobs)
         self.daemon_pid, self.daemon_fd = fork_daemon(
             pid, policy, self.spec, daemon_profiler_options(self.name, self.spec))
         self.dm = Lines(self.daemon_fd)
@@ -826,6 +879,9 @@ class ConfigRun:
         if self.daemon_pid is not None:
             _reap(self.daemon_pid)
             os.close(self.daemon_fd)
+        if self.knobs_before:
+            set_kmod_knobs(self.knobs_before)
+            self.knobs_before = {}
         if self.manager is not None:
             self.manager.stop()
         self.capacity.release()
@@ -1069,6 +1125,12 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print,
         if any(n.startswith("pagetier:") for n in names):
             kmod.load_module()
             loaded = True
+            for n in names:  # a knob the module has not: said before any run, not in each
+                _, knobs = kmod_knobs(policy_spec(n.split(":", 1)[1].partition("@")[0])[1])
+                bad = [k for k in knobs if not (kmod.SYSFS / k).is_file()]
+                if bad:
+                    raise ConfigError(f"bench live: {n}: pagetier.ko has no knob {bad[0]!r} "
+                                      f"({kmod.SYSFS / bad[0]} does not exist)")
         file_mb = max((s.size_mb for s in specs if s.memory in FILE_KINDS), default=0)
         if file_mb:  # room for the file and ext4's own blocks
             fs = FileSystem(file_mb + 64 + file_mb // 8)

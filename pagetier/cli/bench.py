@@ -306,7 +306,9 @@ def bench_costmodel(trace_path, output, fast_node, slow_node, cpu_node, repeat, 
 @click.option("--policies", default=live.DEFAULT_POLICIES, show_default=True,
               help="pagetier policies to run, comma-separated ('' for none); "
                    "POLICY+KEY=VALUE+... runs one with policy options, e.g. "
-                   "heuristic,heuristic+finish_change=false")
+                   "heuristic,heuristic+finish_change=false; +kmod.KNOB=N sets pagetier.ko's "
+                   "sysfs knob for that configuration's runs, e.g. "
+                   "heuristic,heuristic+kmod.probe_every=4")
 @click.option("--baselines", help=f"of {','.join(live.BASELINES)} "
                                   f"[default: {live.DEFAULT_BASELINES}; "
                                   f"--quick: {live.QUICK_BASELINES}]")
