@@ -4,8 +4,8 @@
  * counts the scans in which it was set. No faults; cheaper and less exact than fault mode. The
  * scan flushes the TLB for what it cleared: a cached translation does not set the bit again.
  * The scan reads only the page tables whose upper-level entries were used within a short window
- * before it (upper_window, scan.c). Frequency probes clear and test the same bit over short
- * windows.
+ * before it (scan_window(), scan.c), as in fault mode. Frequency probes clear and test the same
+ * bit over short windows.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -61,7 +61,6 @@ const struct pagetier_mode_ops pagetier_abit_ops = {
 	.pte = abit_pte,
 	.pmd = abit_pmd,
 	.flush = true,
-	.upper_window = true,
 	.period_from_start = true,
 	.probe_pte = abit_probe_pte,
 	.probe_pmd = abit_probe_pmd,

@@ -7,7 +7,10 @@
  * no folio lock nor wait for writeback: the module never does either). A kretprobe on the function that path calls
  * with the faulting address (numa_migrate_prep on 6.1, numa_migrate_check from 6.10) counts the
  * fault and returns NUMA_NO_NODE so that the kernel never migrates a target's page on its own:
- * placement is the daemon's decision. Detach restores every PTE left inaccessible.
+ * placement is the daemon's decision. Detach restores every PTE left inaccessible. As in abit
+ * mode, a scan reads (counts and marks again) only the page tables whose upper-level entries
+ * were used within a short window before it (scan_window(), scan.c); the marks of a table it
+ * carries over stay, and their faults are counted whenever they come.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 

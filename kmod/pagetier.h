@@ -59,7 +59,6 @@ struct pagetier_mode_ops {
 		    pmd_t *pmdp, bool sample);
 	bool flush;
 	bool protects; /* @pte and @pmd change protections: invalidate secondary MMUs around them */
-	bool upper_window; /* clear the upper bits a short window before the scan tests them */
 	bool period_from_start; /* scan_period_ms timed from a period's start, not its end */
 	void (*detach)(struct pagetier_target *t);
 	unsigned long (*unmark)(struct pagetier_target *t, const u64 *addrs, unsigned long nr);

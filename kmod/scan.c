@@ -240,13 +240,15 @@ static void note_region(struct pagetier_target *t, const struct scan_batch *b, b
 	bool mixed = false;
 
 	/*
-	 * In use (PR_USED) from the accesses a counting pass saw, not from the first pass's bits:
-	 * those tell what was touched since the pages were mapped, all of a program that has just
-	 * filled its memory, and would have the next pass read every table.
+	 * In use (PR_USED) from the pages accessed since the table's last read (``listed``, which
+	 * record_batch() set: an Accessed bit a counting pass saw, or a hinting fault or probe hit
+	 * since that read; fault mode sees accesses only so), not from the first pass's bits: those
+	 * tell what was touched since the pages were mapped, all of a program that has just filled
+	 * its memory, and would have the next pass read every table.
 	 */
 	for (i = 0; i < b->n; i++) {
 		mixed |= b->seen[i].node != node;
-		accessed += b->seen[i].accessed;
+		accessed += b->seen[i].listed;
 		kinds |= (b->seen[i].kind == PT_KIND_SHMEM ? PR_SHMEM : 0) |
 			 (b->seen[i].kind == PT_KIND_FILE ? PR_FILE : 0) |
 			 (b->seen[i].shared ? PR_SHARED : 0);
@@ -289,11 +291,11 @@ static void scan_unlocked(struct pagetier_walk *w)
 	bool whole = !(w->table_start & ~PMD_MASK) && w->table_end == w->table_start + PMD_SIZE;
 	unsigned int i, accessed = 0;
 
+	record_batch(w->t, b, whole); /* sets the units' listed, which note_region() counts */
 	if (b->n) {
 		note_region(w->t, b, whole);
 		b->walked += b->seen[0].huge ? PT_REGION_PAGES : b->n;
 	}
-	record_batch(w->t, b, whole);
 	for (i = 0; i < b->n; i++) {
 		if (b->seen[i].listed && b->probing &&
 		    pagetier_probe_due(w->t, b->seen[i].index, b->seen[i].huge,
@@ -324,8 +326,7 @@ static bool upper_bits_tell(struct mm_struct *mm)
 }
 
 /*
- * The short window before a walk that tests the upper-level bits (modes with upper_window:
- * abit). Left alone, a PMD's bit covers the time since the last pass tested it, a second or
+ * The short window before a walk that tests the upper-level bits, in both modes. Left alone, a PMD's bit covers the time since the last pass tested it, a second or
  * more on a large target: with a little of the accesses going anywhere (an allocator's
  * metadata, a lookup now and then) nearly every 2 MiB region is touched in that time, and the
  * pass reads every page table. So each period first clears the PUD and PMD (table) bits from
@@ -392,8 +393,8 @@ static int scan_window(struct pagetier_target *t, unsigned int ms, u64 *busy,
  *
  * A pass covers every tracked VMA. A period walks at most pagetier_scan_budget's worth of it
  * (0: no limit) and leaves a cursor where the next period resumes; the pass ends (scans + 1,
- * pages not seen forgotten) in the period that reaches the last VMA. In abit mode a period
- * starts with a short window (scan_window()).
+ * pages not seen forgotten) in the period that reaches the last VMA. A period that tests the
+ * upper-level bits starts with a short window (scan_window()).
  *
  * Return: 0, or -ESRCH once the target's address space is gone.
  */
@@ -413,7 +414,7 @@ int pagetier_scan(struct pagetier_target *t)
 	/* the first pass reads every table: no region is known yet */
 	upper = READ_ONCE(pagetier_upper_bits) && t->scans && upper_bits_tell(t->mm);
 	window_ms = READ_ONCE(pagetier_upper_window_ms);
-	if (upper && window_ms && t->ops->upper_window) {
+	if (upper && window_ms) {
 		windowed = true;
 		ret = scan_window(t, window_ms, &busy, &window_entries);
 		if (ret) {

@@ -95,9 +95,10 @@ def test_only_used_tables_are_read_and_nothing_is_lost(dev, mode):
     assert not np.any(cold["flags"] & uapi.REGION_ACCESSED)
 
 
-def test_abit_window_reads_the_used_tables_under_noise(dev):
-    """abit mode, 512 MiB touched once, 8 MiB of it all the time, and 100 of every million
-    accesses sent to a random page anywhere. The upper-level bits are cleared a short window
+@pytest.mark.parametrize("mode", ["abit", "fault"])
+def test_window_reads_the_used_tables_under_noise(dev, mode):
+    """512 MiB touched once, 8 MiB of it all the time, and 100 of every million accesses sent
+    to a random page anywhere. In both modes the upper-level bits are cleared a short window
     (upper_window_ms) before each pass tests them, so a pass reads the page tables of the hot
     regions and of the few the noise touched in the window; set to 0 (the bits set since the
     last pass), it reads every table the noise touched since then. With the window the hot
@@ -109,7 +110,7 @@ def test_abit_window_reads_the_used_tables_under_noise(dev):
     try:  # the knob is the module's, for every later test too
         with Workload("--size", "512", "--hot", "8", "--hot-offset", "300", "--no-thp",
                       "--noise-ppm", "100", "--no-verify", "--duration", "0", "--quiet") as w:
-            dev.attach(w.pid, "abit", scan_period_ms=200)
+            dev.attach(w.pid, mode, scan_period_ms=200)
             try:
                 wait_scans(dev, w.pid, 3)
                 dev.read(w.pid, reset=True)
@@ -133,7 +134,8 @@ def test_abit_window_reads_the_used_tables_under_noise(dev):
     hot_pages = np.arange(w.ready["hot_addr"], w.ready["hot_addr"] + w.ready["hot_size"], PAGE,
                           dtype=np.uint64)
     tp = np.intersect1d(acc["addr"], hot_pages).size
-    print(f"entries per pass: {windowed:.0f} with a {window} ms window, {whole:.0f} without; "
+    print(f"{mode}: entries per pass: {windowed:.0f} with a {window} ms window, "
+          f"{whole:.0f} without; "
           f"{tp}/{hot_pages.size} hot pages counted, {len(acc)} pages in all")
     assert tp >= 0.95 * hot_pages.size
     # the 4 hot tables (2,048 PTEs) plus the tables the noise hit in the window, and the upper
