@@ -254,6 +254,10 @@ def test_a_configuration_may_set_pagetier_ko_knobs(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="no knob 'nope'"):
         live_bench.set_kmod_knobs({"upper_window_ms": "0", "nope": "1"})
     assert (tmp_path / "upper_window_ms").read_text() == "20"
+    live_bench.check_kmod_knobs(["kernel", "pagetier:heuristic",
+                                 "pagetier:heuristic+kmod.upper_window_ms=0@fault"])
+    with pytest.raises(ConfigError, match="pagetier:lru\\+kmod.nope=1: pagetier.ko has no knob"):
+        live_bench.check_kmod_knobs(["kernel", "pagetier:lru+kmod.nope=1"])
 
 
 def _doc():

@@ -399,6 +399,18 @@ def kmod_sysfs() -> Path:
     return kmod.SYSFS
 
 
+def check_kmod_knobs(names: list[str]) -> None:
+    """A ConfigError naming the first pagetier configuration of ``names`` whose kmod knob the
+    loaded module has not."""
+    root = kmod_sysfs()
+    for n in (n for n in names if n.startswith("pagetier:")):
+        _, knobs = kmod_knobs(policy_spec(n.split(":", 1)[1].partition("@")[0])[1])
+        bad = [k for k in knobs if not (root / k).is_file()]
+        if bad:
+            raise ConfigError(f"bench live: {n}: pagetier.ko has no knob {bad[0]!r} "
+                              f"({root / bad[0]} does not exist)")
+
+
 def set_kmod_knobs(knobs: dict) -> dict:
     """Write pagetier.ko's sysfs ``knobs``; returns their values before, for
     :func:`set_kmod_knobs` to put back. A knob the module has not is an error naming it, with
@@ -1125,12 +1137,7 @@ def guest_main(names: list[str], specs: list[Spec], out_path: Path, log=print,
         if any(n.startswith("pagetier:") for n in names):
             kmod.load_module()
             loaded = True
-            for n in names:  # a knob the module has not: said before any run, not in each
-                _, knobs = kmod_knobs(policy_spec(n.split(":", 1)[1].partition("@")[0])[1])
-                bad = [k for k in knobs if not (kmod.SYSFS / k).is_file()]
-                if bad:
-                    raise ConfigError(f"bench live: {n}: pagetier.ko has no knob {bad[0]!r} "
-                                      f"({kmod.SYSFS / bad[0]} does not exist)")
+            check_kmod_knobs(names)  # a knob the module has not: said before any run
         file_mb = max((s.size_mb for s in specs if s.memory in FILE_KINDS), default=0)
         if file_mb:  # room for the file and ext4's own blocks
             fs = FileSystem(file_mb + 64 + file_mb // 8)
