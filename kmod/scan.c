@@ -240,7 +240,7 @@ static void note_region(struct pagetier_target *t, const struct scan_batch *b, b
 	bool mixed = false;
 
 	/*
-	 * In use (PR_USED) from the pages accessed since the table's last read (``listed``, which
+	 * In use (PR_USED) from the pages accessed since the table's last read (listed, which
 	 * record_batch() set: an Accessed bit a counting pass saw, or a hinting fault or probe hit
 	 * since that read; fault mode sees accesses only so), not from the first pass's bits: those
 	 * tell what was touched since the pages were mapped, all of a program that has just filled
@@ -326,8 +326,9 @@ static bool upper_bits_tell(struct mm_struct *mm)
 }
 
 /*
- * The short window before a walk that tests the upper-level bits, in both modes. Left alone, a PMD's bit covers the time since the last pass tested it, a second or
- * more on a large target: with a little of the accesses going anywhere (an allocator's
+ * The short window before a walk that tests the upper-level bits, in both modes. Left alone,
+ * a PMD's bit covers the time since the last pass tested it, a second or more on a large
+ * target: with a little of the accesses going anywhere (an allocator's
  * metadata, a lookup now and then) nearly every 2 MiB region is touched in that time, and the
  * pass reads every page table. So each period first clears the PUD and PMD (table) bits from
  * where its walk starts on, an upper-levels-only walk costing one entry per 2 MiB, flushes the
