@@ -48,7 +48,7 @@ Runs:
     scripts/bench_scale.py                       # boots 6.12 (HMAT) and 6.1, prints the tables
     scripts/bench_scale.py --kernels 6.12 --footprints 256M,512M --intervals 4   # a quick look
     scripts/bench_scale.py --daemon --sparse -o docs/scale.md   # all, and a dated section there
-    scripts/bench_scale.py --kernels 6.12 --footprints 8G --thp off --hot still --modules after \
+    scripts/bench_scale.py --kernels 6.12 --footprints 8G --thp off --hot still --modules after \\
         --daemon --daemon-before main --daemon-repeat 2     # a daemon change against main
     scripts/vm --kernel 6.12 --hmat --fast 2G --slow 10G -- \\
         .venv/bin/python scripts/bench_scale.py --guest --footprints 1G
@@ -624,8 +624,7 @@ def measure_daemon(ready: dict, ticks: Ticks, mode: str, a, root: Path | None = 
     t0 = time.monotonic()
     prof_path = None
     if a.profile:
-        out_dir = Path(a.json).parent if a.json else Path(os.environ.get("PAGETIER_VM_OUT", "/tmp"))
-        prof_path = out_dir / f"daemon-{ready['size'] >> 20}M-{mode}{tag}.prof"
+        prof_path = result_path(a).parent / f"daemon-{ready['size'] >> 20}M-{mode}{tag}.prof"
     child, fd = fork_watched_daemon(ready, DAEMON_OPTIONS[mode], 2 * (ready["hot_size"] >> 20),
                                     prof_path, root)
     from pagetier.bench import live
@@ -811,6 +810,11 @@ def measure_cell(cell: dict, kos: dict[str, Path], ready: dict, ticks: Ticks, a,
         save()
 
 
+def result_path(a) -> Path:
+    """Where the guest writes its results: --json, else the run's output directory."""
+    return Path(a.json or Path(os.environ.get("PAGETIER_VM_OUT", "/tmp")) / RESULT_NAME)
+
+
 def guest_main(a) -> int:
     from pagetier.profiler import kmod
 
@@ -829,7 +833,7 @@ def guest_main(a) -> int:
     doc = {"kernel": release, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "before": a.before, "args": vars(a), "modules": {}, "cells": [], "sparse": [],
            "damon": damon}
-    out_path = Path(a.json or Path(os.environ.get("PAGETIER_VM_OUT", "/tmp")) / RESULT_NAME)
+    out_path = result_path(a)
     rng = np.random.default_rng(0)
 
     def save():
@@ -1129,9 +1133,9 @@ def render(doc: dict) -> str:
         # DAMON and the daemon: CPU
         if any((cell(s, thp, "still") or {}).get("damon") for s in sizes):
             lines += [f"**CPU, THP {'on' if thp else 'off'}, still** (% of one CPU; read: "
-                      "this process's READ per interval, ms; look: its READ_REGIONS of the accessed regions "
-                      "without a reset, as the daemon's looks between reads, ms; the daemon: the "
-                      "end-to-end table)", "",
+                      "this process's READ per interval, ms; look: its READ_REGIONS of the "
+                      "accessed regions without a reset, as the daemon's looks between reads, ms; "
+                      "the daemon: the end-to-end table)", "",
                       "| | " + " | ".join(label_mb(s) for s in sizes) + " |",
                       "|---" * (len(sizes) + 1) + "|"]
             rows = {"kdamond": [], "DAMON regions": []}

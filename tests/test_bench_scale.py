@@ -102,14 +102,18 @@ def _daemon(process_cpu=0.05, module=0.2):
             "rate_pr": {"p_med": 1.0, "p_min": 1.0, "r_med": 1.0, "r_min": 1.0, "intervals": 8}}
 
 
+def _doc(cells):
+    return {"kernel": "6.12.117", "date": "2026-12-03 06:00 UTC", "before": "x",
+            "args": {"after": "tree"}, "modules": {}, "cells": cells}
+
+
 def test_render_shows_the_end_to_end_table(bench):
     damon = {"cpu": 0.25, "regions": 40, "p_med": 1.0, "p_min": 0.0, "r_med": 0.99, "r_min": 0.0}
     cells = [{"size_mb": mb, "thp": False, "motion": motion, "module": {}, "damon": damon,
               "daemon": {"auto": _daemon()}} for mb in (1024, 8192)
              for motion in ("still", "moving")]
     cells[3]["daemon"]["auto"] = {"error": "the daemon gave 1 intervals"}
-    doc = {"kernel": "6.12.117", "date": "2026-12-03 06:00 UTC", "before": "x",
-           "args": {"after": "tree"}, "modules": {}, "cells": cells}
+    doc = _doc(cells)
     text = bench.render(doc)
     assert "| daemon auto: the target's mode | still | abit | abit |" in text
     assert "| module + daemon | still | 25.0% | 25.0% |" in text
@@ -128,9 +132,7 @@ def test_render_sets_the_daemon_beside_the_one_of_a_revision(bench):
     and module + daemon are given as ratios to it."""
     cells = [{"size_mb": 8192, "thp": False, "motion": "still", "module": {},
               "daemon": {"abit": _daemon(0.05, 0.2), "abit@1234567": _daemon(0.1, 0.2)}}]
-    doc = {"kernel": "6.12.117", "date": "2026-12-08 01:00 UTC", "before": "x",
-           "args": {"after": "tree"}, "modules": {}, "cells": cells}
-    text = bench.render(doc)
+    text = bench.render(_doc(cells))
     assert "| daemon abit@1234567: the target's mode | still | abit |" in text
     assert "| daemon: this tree / git 1234567 | still | 0.50x |" in text
     assert "| module + daemon: this tree / git 1234567 | still | 0.83x |" in text

@@ -402,24 +402,26 @@ def kmod_sysfs() -> Path:
 def check_kmod_knobs(names: list[str]) -> None:
     """A ConfigError naming the first pagetier configuration of ``names`` whose kmod knob the
     loaded module has not."""
-    root = kmod_sysfs()
     for n in (n for n in names if n.startswith("pagetier:")):
         _, knobs = kmod_knobs(policy_spec(n.split(":", 1)[1].partition("@")[0])[1])
-        bad = [k for k in knobs if not (root / k).is_file()]
-        if bad:
-            raise ConfigError(f"bench live: {n}: pagetier.ko has no knob {bad[0]!r} "
-                              f"({root / bad[0]} does not exist)")
+        _check_knobs(knobs, f"{n}: ")
+
+
+def _check_knobs(knobs: dict, what: str = "") -> None:
+    """A ConfigError naming the first of ``knobs`` the loaded pagetier.ko has not."""
+    root = kmod_sysfs()
+    bad = [k for k in knobs if not (root / k).is_file()]
+    if bad:
+        raise ConfigError(f"bench live: {what}pagetier.ko has no knob {bad[0]!r} "
+                          f"({root / bad[0]} does not exist)")
 
 
 def set_kmod_knobs(knobs: dict) -> dict:
     """Write pagetier.ko's sysfs ``knobs``; returns their values before, for
     :func:`set_kmod_knobs` to put back. A knob the module has not is an error naming it, with
     nothing written."""
+    _check_knobs(knobs)
     root = kmod_sysfs()
-    missing = [k for k in knobs if not (root / k).is_file()]
-    if missing:
-        raise ConfigError(f"bench live: pagetier.ko has no knob {missing[0]!r} "
-                          f"({root / missing[0]} does not exist)")
     old = {k: (root / k).read_text().strip() for k in knobs}
     done = {}
     try:
